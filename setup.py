@@ -1,0 +1,18 @@
+"""Builds the KDTR pybind11 CPU extension (kdbench._kdtr); everything else is in pyproject.toml.
+
+The CUDA kernels are not built here: they need a CUDA build of torch and are JIT-built on the GPU
+machine by `kdbench build` (suite/backends/cuda_build.py), so a CPU-only install stays CPU-only.
+"""
+from pybind11.setup_helpers import Pybind11Extension
+from setuptools import setup
+
+setup(
+    ext_modules=[
+        Pybind11Extension(
+            "kdbench._kdtr",
+            ["csrc/kdtr_ext.cpp"],
+            include_dirs=["csrc"],
+            cxx_std=17,
+        )
+    ]
+)

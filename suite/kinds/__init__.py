@@ -1,0 +1,1 @@
+"""kdbench.kinds."""
