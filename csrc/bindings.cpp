@@ -1,0 +1,11 @@
+// pybind11 module kdbench_cuda: m.def lines only; checks live in csrc/<family>_torch.cpp.
+#include "torch_ops.h"
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("tree_build", &kdb::tree_build, "DDTree build on the GPU (Algorithm 1 per request)");
+  m.def("tree_build_topk", &kdb::tree_build_topk, "fused top-K + logsumexp vocabulary pass");
+  m.def("tree_verify_mla", &kdb::tree_verify_mla, "absorbed MLA attention under the ancestor mask");
+  m.def("tree_accept_greedy", &kdb::tree_accept_greedy, "greedy tree acceptance, whole batch");
+  m.def("tree_accept_sampled", &kdb::tree_accept_sampled, "sampled tree acceptance (inverse CDF)");
+  m.def("kv_compact", &kdb::kv_compact, "move accepted tree rows to committed positions, in place");
+}
