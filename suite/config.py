@@ -1,0 +1,207 @@
+"""Scenario files: YAML (safe_load only) -> frozen dataclasses -> expanded cases, each with its own seed.
+
+A scenario has a kind (kernel | acceptance | e2e | topology) and a list of cases. A case names its kernel
+family (kernel kind), its backends, its `shape`, and optional `sweep` axes (dotted keys such as
+`shape.budget` or `dtype`, each a list) that expand to the cartesian product of cases.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import itertools
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+from kdbench import schema
+from kdbench.errors import ScenarioError
+from kdbench.shapes import FAMILY_SHAPES, KIND_SHAPES
+
+Kind = Literal["kernel", "acceptance", "e2e", "topology"]
+BACKENDS = ("numpy_ref", "torch", "cuda")
+Dtype = Literal["float32", "bfloat16", "float64"]
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    """|got - want| <= atol + rtol * |want| per element; at most max_outside_pct % may fail; relative L2
+    (||got - want|| / ||want||) at most rel_l2 when given. rtol = atol = 0 means bit-exact."""
+    rtol: float = 0.0
+    atol: float = 0.0
+    rel_l2: float | None = None
+    max_outside_pct: float = 0.0
+
+    def validate(self):
+        for name in ("rtol", "atol", "rel_l2", "max_outside_pct"):
+            value = getattr(self, name)
+            if value is not None and not value >= 0:
+                return name, f"got {value}, expected a number >= 0"
+        if self.max_outside_pct > 100:
+            return "max_outside_pct", f"got {self.max_outside_pct}, expected a percentage in 0..100"
+        return None
+
+
+@dataclass(frozen=True)
+class Timing:
+    warmup: int = 3
+    repeat: int = 20
+    flush_l2: bool = True            # GPU: write a 2x-L2 buffer between samples (cold caches)
+
+    def validate(self):
+        if self.warmup < 0 or self.repeat < 1:
+            return "repeat", f"got warmup={self.warmup}, repeat={self.repeat}; expected warmup >= 0, repeat >= 1"
+        return None
+
+
+@dataclass(frozen=True)
+class CaseSpec:
+    name: str
+    shape: dict[str, Any]
+    family: str | None = None
+    backends: tuple[str, ...] = ("numpy_ref",)
+    sweep: dict[str, list[Any]] = field(default_factory=dict)
+    dtype: Dtype = "float32"
+    trials: int = 3
+    tolerance: Tolerance = Tolerance()
+    timing: Timing = Timing()
+
+    def validate(self):
+        bad = [b for b in self.backends if b not in BACKENDS]
+        if bad:
+            return "backends", f"got {bad[0]!r}, expected one of {', '.join(BACKENDS)}"
+        if not self.backends:
+            return "backends", "got an empty list, expected at least one backend"
+        if self.trials < 1:
+            return "trials", f"got {self.trials}, expected an integer >= 1"
+        return None
+
+
+@dataclass(frozen=True)
+class ScenarioSpec:
+    name: str
+    kind: Kind
+    cases: tuple[CaseSpec, ...]
+    description: str = ""
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class Case:
+    """One expanded case: what the runner executes and what every record of it is keyed by."""
+    scenario: str
+    kind: str
+    name: str
+    family: str
+    backends: tuple[str, ...]
+    shape: Any                       # a frozen shape dataclass from kdbench.shapes
+    dtype: str
+    seed: int
+    trials: int
+    tolerance: Tolerance
+    timing: Timing
+    file: str
+
+    def shape_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self.shape)
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    kind: str
+    description: str
+    seed: int
+    file: str
+    text: str
+    cases: tuple[Case, ...]
+
+
+def derive_seed(*parts: Any) -> int:
+    """A stable 31-bit seed from the scenario seed and names (same inputs -> same seed on every machine)."""
+    digest = hashlib.sha256("/".join(str(p) for p in parts).encode()).digest()
+    return int.from_bytes(digest[:4], "little") & 0x7FFFFFFF
+
+
+def load(path: str | Path) -> Scenario:
+    """Read, validate and expand one scenario file. Raises ScenarioError (a UserError) on bad input."""
+    file = str(path)
+    p = Path(path)
+    if not p.is_file():
+        raise ScenarioError(file, "", "no such scenario file")
+    text = p.read_text(encoding="utf-8", errors="replace")
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "somewhere"
+        raise ScenarioError(file, "", f"not valid YAML ({where}): {getattr(exc, 'problem', exc)}") from None
+    if data is None:
+        raise ScenarioError(file, "", "the file is empty; expected a mapping with keys name, kind, cases")
+    spec = schema.build(ScenarioSpec, data, file)
+    if not spec.cases:
+        raise ScenarioError(file, "cases", "got an empty list, expected at least one case")
+    cases = tuple(c for i, cs in enumerate(spec.cases) for c in _expand(spec, cs, i, file))
+    seen: dict[str, int] = {}
+    for case in cases:
+        if case.name in seen:
+            raise ScenarioError(file, "cases", f"duplicate case name {case.name!r}; names must be unique")
+        seen[case.name] = 1
+    return Scenario(spec.name, spec.kind, spec.description, spec.seed, file, text, cases)
+
+
+def _expand(spec: ScenarioSpec, cs: CaseSpec, index: int, file: str) -> list[Case]:
+    path = f"cases[{index}]"
+    shape_cls = _shape_class(spec.kind, cs, path, file)
+    for key in cs.sweep:
+        if not (key == "dtype" or key.startswith("shape.")):
+            raise ScenarioError(file, f"{path}.sweep.{key}",
+                                "unknown sweep axis; expected 'dtype' or 'shape.<key>'")
+        if not cs.sweep[key]:
+            raise ScenarioError(file, f"{path}.sweep.{key}", "got an empty list, expected values")
+    axes = list(cs.sweep.items())
+    out = []
+    for combo in itertools.product(*[values for _, values in axes]) if axes else [()]:
+        shape = dict(cs.shape)
+        dtype = cs.dtype
+        for (key, _), value in zip(axes, combo):
+            if key == "dtype":
+                dtype = schema.convert(Dtype, value, file, f"{path}.sweep.dtype")
+            else:
+                shape[key.split(".", 1)[1]] = value
+        shape_obj = schema.build(shape_cls, shape, file, f"{path}.shape")
+        suffix = ",".join(f"{k.split('.')[-1]}={v}" for (k, _), v in zip(axes, combo))
+        name = f"{cs.name}[{suffix}]" if suffix else cs.name
+        family = cs.family or spec.kind
+        out.append(Case(spec.name, spec.kind, name, family, cs.backends, shape_obj, dtype,
+                        derive_seed(spec.seed, spec.name, name), cs.trials, cs.tolerance, cs.timing, file))
+    return out
+
+
+def _shape_class(kind: str, cs: CaseSpec, path: str, file: str):
+    if kind == "kernel":
+        if cs.family not in FAMILY_SHAPES:
+            raise ScenarioError(file, f"{path}.family",
+                                f"got {cs.family!r}, expected a kernel family: {', '.join(FAMILY_SHAPES)}")
+        return FAMILY_SHAPES[cs.family]
+    if cs.family is not None:
+        raise ScenarioError(file, f"{path}.family", f"only kernel scenarios name a family (kind is {kind})")
+    return KIND_SHAPES[kind]
+
+
+def matches(case: Case, expr: str | None) -> bool:
+    """--filter: comma-separated terms, all must match. `key=value` compares a case field or shape key
+    (family=tree_build, budget=64); any other term is a substring of the case name."""
+    if not expr:
+        return True
+    fields_ = {"family": case.family, "kind": case.kind, "dtype": case.dtype, "scenario": case.scenario,
+               **{k: str(v) for k, v in case.shape_dict().items()}}
+    for term in (t.strip() for t in expr.split(",") if t.strip()):
+        if "=" in term:
+            key, value = (s.strip() for s in term.split("=", 1))
+            if str(fields_.get(key)) != value:
+                return False
+        elif term not in case.name:
+            return False
+    return True

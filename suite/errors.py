@@ -1,0 +1,15 @@
+"""User-facing errors: the CLI prints them in one line and exits 2, with no traceback."""
+from __future__ import annotations
+
+
+class UserError(Exception):
+    """A mistake in the user's input (a scenario file, a CLI argument, a path): exit code 2."""
+
+
+class ScenarioError(UserError):
+    """A scenario file failed validation: names the file, the key path, the bad value, what was expected."""
+
+    def __init__(self, file: str, path: str, message: str):
+        self.file, self.path = file, path
+        where = f"{file}: {path}" if path else file
+        super().__init__(f"{where}: {message}")

@@ -1,0 +1,168 @@
+"""One Record schema for every result row, and the run directory that holds them.
+
+A run directory holds `records.jsonl` (appended and fsynced one record at a time, so a killed run keeps
+every finished case), `results.csv` (rewritten atomically after each case), `meta.json` (git sha, versions,
+machine fingerprint, scenario texts, the repro command) and `report.html`. Field order = column order.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+KEY_COLUMNS = ("scenario", "kind", "case", "family", "backend", "dtype", "device", "link")
+STATUSES = ("pass", "fail", "error", "skipped", "info")
+
+
+@dataclass
+class Record:
+    # keys
+    scenario: str
+    kind: str
+    case: str
+    family: str
+    backend: str
+    dtype: str = ""
+    device: str = ""                 # GPU name or "cpu"
+    link: str = ""                   # topology: nvlink | pcie | "" for one device
+    shape: str = ""                  # the case's shape as compact JSON
+    seed: int = 0
+    # verdict
+    status: str = "info"             # pass | fail | error | skipped | info (measured, nothing to check)
+    reason: str = ""
+    # correctness (kernel cases: worst over trials)
+    trials: int = 0
+    n_nan: int = 0
+    max_abs: float = math.nan
+    max_rel: float = math.nan
+    rel_l2: float = math.nan
+    pct_outside: float = math.nan
+    worst: str = ""                  # "index (got, want)" of the worst element
+    # timing: seconds; samples kept raw for compare
+    time_median_s: float = math.nan
+    time_p20_s: float = math.nan
+    time_p80_s: float = math.nan
+    n_samples: int = 0
+    samples_s: list[float] = field(default_factory=list)
+    # roofline
+    bytes_moved: float = math.nan
+    flops: float = math.nan
+    floor_s: float = math.nan
+    pct_of_floor_rate: float = math.nan   # 100 * floor_s / time_median_s
+    # generation (acceptance, e2e)
+    tau: float = math.nan            # tokens committed per verify step, counting the bonus token
+    tokens_per_s: float = math.nan
+    speedup_vs_ar: float = math.nan
+    predicted_speedup: float = math.nan
+    ttft_s: float = math.nan
+    tpot_s: float = math.nan
+    energy_j_per_token: float = math.nan
+    lossless: str = ""               # "yes" | "no (prompt 3, position 17)" | ""
+    # telemetry during the case
+    sm_clock_mhz: float = math.nan
+    mem_clock_mhz: float = math.nan
+    power_w: float = math.nan
+    temp_c: float = math.nan
+    throttle: str = ""
+    # kind-specific details (histograms, per-depth rates, per-stage times) and how to reproduce the row
+    extra: dict[str, Any] = field(default_factory=dict)
+    repro: str = ""
+
+    def key(self) -> tuple:
+        return tuple(getattr(self, k) for k in KEY_COLUMNS)
+
+
+COLUMNS = [f.name for f in dataclasses.fields(Record)]
+
+
+def _clean(value: Any) -> Any:
+    """JSON-safe: NaN/inf become None (JSON has no NaN)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _clean(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_clean(v) for v in value]
+    return value
+
+
+def record_to_json(rec: Record) -> str:
+    return json.dumps(_clean(dataclasses.asdict(rec)), sort_keys=False, default=str)
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    """Write via a temp file in the same directory and os.replace: readers never see half a file."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+class RunWriter:
+    """Appends records to a run directory as they finish; each append leaves a readable run."""
+
+    def __init__(self, run_dir: Path):
+        self.run_dir = Path(run_dir)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.records: list[Record] = []
+
+    def add(self, rec: Record) -> None:
+        self.records.append(rec)
+        with open(self.run_dir / "records.jsonl", "a", encoding="utf-8") as fh:
+            fh.write(record_to_json(rec) + "\n")
+            fh.flush()
+            os.fsync(fh.fileno())
+        atomic_write_text(self.run_dir / "results.csv", to_frame(self.records).to_csv(index=False))
+
+    def write_meta(self, meta: dict[str, Any]) -> None:
+        atomic_write_text(self.run_dir / "meta.json", json.dumps(_clean(meta), indent=2, default=str))
+
+
+def to_frame(records: list[Record]) -> pd.DataFrame:
+    rows = [dataclasses.asdict(r) for r in records]
+    df = pd.DataFrame(rows, columns=COLUMNS)
+    for col in ("samples_s", "extra"):
+        df[col] = df[col].map(lambda v: json.dumps(_clean(v)))
+    return df
+
+
+def load_records(run_dir: Path) -> list[Record]:
+    """Records of a run, tolerating a torn last line (a run killed mid-write)."""
+    path = Path(run_dir) / "records.jsonl"
+    out: list[Record] = []
+    if not path.exists():
+        return out
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            data = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        data = {k: (math.nan if v is None and isinstance(_default(k), float) else v) for k, v in data.items()
+                if k in COLUMNS}
+        out.append(Record(**data))
+    return out
+
+
+def _default(name: str) -> Any:
+    f = next(f for f in dataclasses.fields(Record) if f.name == name)
+    return f.default if f.default is not dataclasses.MISSING else None
+
+
+def load_meta(run_dir: Path) -> dict[str, Any]:
+    path = Path(run_dir) / "meta.json"
+    return json.loads(path.read_text(encoding="utf-8")) if path.exists() else {}
