@@ -141,6 +141,15 @@ FAMILY_SHAPES = {
     "tree_accept": TreeAcceptShape,
     "kv_compact": KvCompactShape,
 }
+# Backends each family implements; the scenario loader checks case backends against these.
+FAMILY_BACKENDS = {
+    "tree_build": ("numpy_ref", "torch", "cuda"),
+    "tree_verify_mla": ("numpy_ref", "torch", "torch_sdpa", "torch_twopass", "cuda"),
+    "tree_accept": ("numpy_ref", "torch", "cuda"),
+    "kv_compact": ("numpy_ref", "torch", "cuda"),
+}
+GENERATION_BACKENDS = ("torch", "cuda")   # stage backends of the engine (acceptance, e2e, topology)
+
 KIND_SHAPES = {"acceptance": GenerationShape, "e2e": GenerationShape, "topology": TopologyShape}
 
 

@@ -1,0 +1,101 @@
+"""tree_verify_mla family: absorbed MLA attention of T tree nodes x H heads per request over the latent
+cache (prefix + tree block) under the ancestor mask.
+
+Backends: numpy_ref, torch (eager matmul + masked softmax), torch_sdpa (boolean mask), torch_twopass
+(prefix + tree block + LSE merge), cuda (the fused kernel).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from kdbench.backends import mla_baselines
+from kdbench.families import common
+from kdbench.references import tree_verify_mla as ref
+from kdbench.references.model_config import get_preset
+
+BACKENDS = ("numpy_ref", "torch", "torch_sdpa", "torch_twopass", "cuda")
+SCALE = get_preset("kimi-k2").softmax_scale
+REFERENCE_ROWS = 2_000_000_000   # above this many (row, key) products the reference checks 2 requests
+
+
+def make_inputs(case, seed: int) -> dict:
+    s, rng = case.shape, np.random.default_rng(seed)
+    d = s.kv_lora + s.rope
+    past = (rng.integers(1, s.past_len + 1, size=s.batch) if s.ragged else np.full(s.batch, s.past_len))
+    n_kv = int(past.max()) + s.nodes
+    kv = common.round_to(rng.normal(0, 1, (s.batch, n_kv, d)), case.dtype)
+    for b in range(s.batch):                     # unused cache slots hold NaN: they must never leak
+        kv[b, past[b] + s.nodes:] = np.nan
+    q = common.round_to(rng.normal(0, 1, (s.batch, s.nodes, s.heads, d)), case.dtype)
+    vis = np.stack([_tree_visibility(s.nodes, s.tree, rng) for _ in range(s.batch)])
+    return {"q": q, "kv": kv, "past_lens": past.astype(np.int32), "anc": ref.pack_anc_bits(vis)}
+
+
+def _tree_visibility(t: int, kind: str, rng) -> np.ndarray:
+    """[T, T] ancestor-or-self visibility of a chain or of a random tree (parent[i] drawn from 0..i-1)."""
+    parents = np.arange(-1, t - 1) if kind == "chain" else np.array(
+        [-1] + [int(rng.integers(0, i)) for i in range(1, t)])
+    vis = np.eye(t, dtype=bool)
+    for i in range(1, t):
+        vis[i, :i] = vis[parents[i], :i]
+    return vis
+
+
+def _checked_requests(case) -> list[int]:
+    s = case.shape
+    work = s.batch * s.nodes * s.heads * (s.past_len + s.nodes)
+    return list(range(s.batch)) if work <= REFERENCE_ROWS else sorted({0, s.batch - 1})
+
+
+def reference(inputs: dict, case) -> dict:
+    idx = _checked_requests(case)
+    o, lse = ref.tree_verify_mla_batch(inputs["q"][idx], inputs["kv"][idx], inputs["past_lens"][idx],
+                                       inputs["anc"][idx], SCALE, kv_lora_rank=case.shape.kv_lora)
+    return {"o_lat": o, "lse": lse}
+
+
+def run(backend: str, inputs: dict, case, device: str) -> dict:
+    if backend == "numpy_ref":
+        return reference(inputs, case)
+    s = case.shape
+    common.poison_allocator(device, s.batch * s.nodes * s.heads * (s.kv_lora * 2 + 4))
+    o, lse = timed(backend, inputs, case, device)()
+    idx = _checked_requests(case)
+    out = {"o_lat": common.to_numpy(o)[idx]}
+    if lse is not None:                          # torch SDPA does not return the LSE
+        out["lse"] = common.to_numpy(lse)[idx]
+    return out
+
+
+def timed(backend: str, inputs: dict, case, device: str):
+    if backend == "numpy_ref":
+        return lambda: reference(inputs, case)
+    dtype = "bfloat16" if backend == "cuda" else ("float32" if case.dtype == "float64" else case.dtype)
+    q = common.to_torch(inputs["q"], device, dtype)
+    kv = common.to_torch(inputs["kv"], device, dtype)
+    past = common.to_torch(inputs["past_lens"], device)
+    anc = common.to_torch(inputs["anc"].view(np.int64), device)
+    if backend == "cuda":
+        from kdbench.backends import cuda_ext
+        return lambda: cuda_ext.tree_verify_mla(q, kv, past, anc, SCALE)
+    fn = mla_baselines.BASELINES[backend]
+    return lambda: fn(q, kv, past, anc, SCALE, case.shape.kv_lora)
+
+
+def check(got: dict, want: dict, tol):
+    return common.check_outputs(got, {k: v for k, v in want.items() if k in got or k == "o_lat"}, tol)
+
+
+def bytes_moved(case, inputs: dict) -> float:
+    """KV rows read once (prefix + tree) + q read + o_lat written + lse written, per request."""
+    s, e = case.shape, common.ELEMENT_BYTES[case.dtype]
+    d = s.kv_lora + s.rope
+    rows = s.nodes * s.heads
+    return float(s.batch * ((s.past_len + s.nodes) * d * e + rows * (d * e + s.kv_lora * e + 4)))
+
+
+def flops(case) -> float:
+    """2*(dc+dr) for q.k plus 2*dc for p.v per (row, visible key): 2176 per pair at 512/64."""
+    s = case.shape
+    per_pair = 2 * (s.kv_lora + s.rope) + 2 * s.kv_lora
+    return float(per_pair * s.heads * s.nodes * (s.past_len + s.nodes) * s.batch)

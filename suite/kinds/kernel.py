@@ -1,0 +1,90 @@
+"""kernel kind: correctness trials against the numpy reference (fresh inputs and seed per trial, outputs
+poisoned, a re-check after timing), then timing per backend with the roofline figures."""
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterator
+
+from kdbench import check as checks
+from kdbench import families, timing
+from kdbench.config import derive_seed
+from kdbench.results import Record
+
+
+def run(case, ctx) -> Iterator[Record]:
+    fam = families.get(case.family)
+    avail = {b: families.backend_available(b, ctx.device) for b in case.backends}
+    live = [b for b in case.backends if avail[b][0]]
+    results: dict[str, list] = {b: [] for b in live}
+    errors: dict[str, str] = {}
+    inputs = None
+    for trial in range(case.trials):
+        inputs = fam.make_inputs(case, derive_seed(case.seed, "trial", trial))
+        want = fam.reference(inputs, case)
+        for b in live:
+            if b in errors:
+                continue
+            try:
+                results[b].append(fam.check(fam.run(b, inputs, case, ctx.device), want, case.tolerance))
+            except Exception as exc:  # one backend's failure must not hide the others' results
+                errors[b] = f"{type(exc).__name__}: {exc}"
+    for b in case.backends:
+        if not avail[b][0]:
+            yield _record(case, ctx, b, status="skipped", reason=avail[b][1])
+        elif b in errors:
+            yield _record(case, ctx, b, status="error", reason=errors[b][:500])
+        else:
+            yield _measured(fam, case, ctx, b, inputs, results[b])
+
+
+def _measured(fam, case, ctx, backend: str, inputs: dict, trial_checks: list) -> Record:
+    from kdbench.telemetry import Sampler
+    device = "cpu" if backend == "numpy_ref" else ctx.device
+    fn = fam.timed(backend, inputs, case, ctx.device)
+    with Sampler() as sampler:
+        t = timing.measure(fn, warmup=case.timing.warmup, repeat=case.timing.repeat, device=device,
+                           flush_l2=case.timing.flush_l2)
+    if backend != "numpy_ref":   # re-validate after the timed loop: state drift or caching cannot pass
+        trial_checks.append(fam.check(fam.run(backend, inputs, case, ctx.device),
+                                      fam.reference(inputs, case), case.tolerance))
+    res = checks.merge(trial_checks) if trial_checks else None
+    status = "info" if backend == "numpy_ref" else ("pass" if res.passed else "fail")
+    rec = _record(case, ctx, backend, status=status)
+    if res is not None:
+        rec.trials, rec.n_nan, rec.max_abs, rec.max_rel = len(trial_checks), res.n_nan, res.max_abs, res.max_rel
+        rec.rel_l2, rec.pct_outside, rec.worst = res.rel_l2, res.pct_outside, res.worst
+        if not res.passed:
+            rec.reason = f"outside tolerance: {res.worst}"[:500]
+    _fill_timing(rec, t, fam, case, inputs, device, ctx)
+    _fill_telemetry(rec, sampler.summary())
+    return rec
+
+
+def _fill_timing(rec: Record, t, fam, case, inputs, device: str, ctx) -> None:
+    rec.time_median_s, rec.time_p20_s, rec.time_p80_s = t.median_s, t.p20_s, t.p80_s
+    rec.n_samples, rec.samples_s = len(t.samples_s), list(t.samples_s)
+    rec.bytes_moved, rec.flops = fam.bytes_moved(case, inputs), fam.flops(case)
+    key = f"ceilings:{device}"
+    if key not in ctx.cache:
+        ctx.cache[key] = timing.ceilings(device)
+    ceil = ctx.cache[key]
+    rec.floor_s = max(rec.bytes_moved / ceil.copy_bytes_per_s, rec.flops / ceil.bf16_flops_per_s)
+    rec.pct_of_floor_rate = 100.0 * rec.floor_s / t.median_s if t.median_s > 0 else math.nan
+    rec.extra.update({"ceilings": {"copy_bytes_per_s": ceil.copy_bytes_per_s,
+                                   "matmul_flops_per_s": ceil.bf16_flops_per_s, "source": ceil.source},
+                      "timed_on": device, "l2_flush": bool(case.timing.flush_l2 and device == "cuda")})
+
+
+def _fill_telemetry(rec: Record, summary: dict) -> None:
+    for key in ("sm_clock_mhz", "mem_clock_mhz", "power_w", "temp_c"):
+        setattr(rec, key, summary.get(key, math.nan))
+    rec.throttle = summary.get("throttle", "") or ""
+    if summary.get("reason"):
+        rec.extra["telemetry"] = summary["reason"]
+
+
+def _record(case, ctx, backend: str, status: str, reason: str = "") -> Record:
+    return Record(case.scenario, case.kind, case.name, case.family, backend, case.dtype, ctx.device_name,
+                  shape=json.dumps(case.shape_dict(), separators=(",", ":")), seed=case.seed,
+                  status=status, reason=reason, repro=ctx.repro(case))

@@ -1,0 +1,131 @@
+"""Multi-head latent attention in torch (any dtype): projections, interleaved YaRN RoPE, the latent cache
+write, and three attention forms: naive (prefill), absorbed eager ("torch"), absorbed CUDA kernel ("cuda").
+Math and names follow references/mla.py (the float64 truth) and shared/notes/mla_moe.md §1.
+"""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+
+from kdbench.references.mla import yarn_inv_freq as _np_yarn_inv_freq
+from kdbench.references.model_config import ModelConfig
+
+HALF = (torch.float16, torch.bfloat16)
+
+
+def compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    """Norms, RoPE and softmax run in float32 for half-precision models, natively otherwise."""
+    return torch.float32 if dtype in HALF else dtype
+
+
+def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+    """x / rms(x) * w over the last axis, in compute_dtype, returned in x's dtype."""
+    xc = x.to(compute_dtype(x.dtype))
+    y = xc * torch.rsqrt(xc.pow(2).mean(-1, keepdim=True) + eps) * w.to(xc.dtype)
+    return y.to(x.dtype)
+
+
+def inv_freq(cfg: ModelConfig, device) -> torch.Tensor:
+    """[dr/2] float64 rotation frequencies, the reference's YaRN formula (config constants, not data)."""
+    return torch.from_numpy(_np_yarn_inv_freq(cfg)).to(device)
+
+
+def rope_interleaved(x: torch.Tensor, positions: torch.Tensor, freqs: torch.Tensor) -> torch.Tensor:
+    """Rotate adjacent pairs (x[2i], x[2i+1]) by positions * freqs[i].
+
+    x [B, T, ..., dr]; positions [B, T] int; freqs [dr/2] float64. Angles are float64 (exact enough at
+    131K positions); the rotation runs in compute_dtype.
+    """
+    angle = positions.to(torch.float64)[..., None] * freqs  # [B, T, dr/2] radians
+    angle = angle.reshape(angle.shape[:2] + (1,) * (x.dim() - 3) + angle.shape[-1:])
+    cd = compute_dtype(x.dtype)
+    cos, sin = torch.cos(angle).to(cd), torch.sin(angle).to(cd)
+    xc = x.to(cd)
+    x0, x1 = xc[..., 0::2], xc[..., 1::2]
+    out = torch.stack((x0 * cos - x1 * sin, x0 * sin + x1 * cos), dim=-1)  # [..., dr/2, 2]
+    return out.flatten(-2).to(x.dtype)
+
+
+class Projected(NamedTuple):
+    q_nope: torch.Tensor  # [B, T, H, dn]
+    q_pe: torch.Tensor    # [B, T, H, dr] rotated
+    kv_row: torch.Tensor  # [B, T, dc + dr] = [rms-normed latent | rotated k_pe], what the cache holds
+
+
+def mla_project(w: dict, cfg: ModelConfig, layer: int, h: torch.Tensor, positions: torch.Tensor,
+                freqs: torch.Tensor) -> Projected:
+    """h [B, T, d] (attn-normed) -> queries and the new cache rows."""
+    p = f"layers.{layer}."
+    B, T, _ = h.shape
+    if cfg.q_lora_rank > 0:
+        q = rms_norm(h @ w[p + "wq_a"].T, w[p + "q_norm"], cfg.rms_eps) @ w[p + "wq_b"].T
+    else:
+        q = h @ w[p + "wq"].T
+    q = q.view(B, T, cfg.n_heads, cfg.qk_head_dim)  # [B, T, H, dn + dr]
+    kv = h @ w[p + "wkv_a"].T  # [B, T, dc + dr]
+    c_kv = rms_norm(kv[..., :cfg.kv_lora_rank], w[p + "kv_norm"], cfg.rms_eps)  # norm on the latent only
+    k_pe = rope_interleaved(kv[..., cfg.kv_lora_rank:], positions, freqs)
+    return Projected(q[..., :cfg.qk_nope_dim], rope_interleaved(q[..., cfg.qk_nope_dim:], positions, freqs),
+                     torch.cat((c_kv, k_pe), dim=-1))
+
+
+def split_wkv_b(w: dict, cfg: ModelConfig, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """wkv_b [H*(dn+dv), dc] -> views W_UK [H, dn, dc], W_UV [H, dv, dc]."""
+    wkv = w[f"layers.{layer}.wkv_b"].view(cfg.n_heads, cfg.qk_nope_dim + cfg.v_head_dim, cfg.kv_lora_rank)
+    return wkv[:, :cfg.qk_nope_dim], wkv[:, cfg.qk_nope_dim:]
+
+
+def write_rows(cache_layer: torch.Tensor, past_lens: torch.Tensor, rows: torch.Tensor) -> None:
+    """cache_layer [B, S, D]; rows [B, T, D] go to slots past_lens[b] + t (index_put: no host sync)."""
+    B, T, _ = rows.shape
+    slot = past_lens.to(torch.int64)[:, None] + torch.arange(T, device=rows.device)  # [B, T]
+    bidx = torch.arange(B, device=rows.device)[:, None].expand(B, T)
+    cache_layer[bidx, slot] = rows.to(cache_layer.dtype)
+
+
+def visible_mask(past_lens: torch.Tensor, T: int, S: int, anc: torch.Tensor | None) -> torch.Tensor:
+    """[B, T, S] bool. Key j is visible to new row t iff j < past_len, or j = past_len + i with
+    i <= t (anc None: causal) or bit i % 64 of anc[b, t, i // 64] set (ancestor-or-self)."""
+    dev = past_lens.device
+    rel = torch.arange(S, device=dev)[None, :] - past_lens.to(torch.int64)[:, None]  # [B, S]
+    if anc is None:
+        t = torch.arange(T, device=dev)[None, :, None]
+        return rel[:, None, :] <= t
+    in_tree = (rel >= 0) & (rel < T)                                      # [B, S]
+    relc = rel.clamp(0, T - 1)
+    word = (relc // 64)[:, None, :].expand(-1, T, -1)                     # [B, T, S]
+    bits = torch.gather(anc, 2, word) >> (relc % 64)[:, None, :]
+    return (rel < 0)[:, None, :] | (in_tree[:, None, :] & (bits & 1).bool())
+
+
+def _softmax_rows(scores: torch.Tensor, visible: torch.Tensor) -> torch.Tensor:
+    """scores [B, T, H, S] (scaled) -> probabilities in compute_dtype, 0 where not visible."""
+    s = scores.to(compute_dtype(scores.dtype)).masked_fill(~visible[:, :, None, :], float("-inf"))
+    return torch.softmax(s, dim=-1)
+
+
+def attention_naive(q_nope, q_pe, kv, w_uk, w_uv, cfg: ModelConfig, visible) -> torch.Tensor:
+    """Per-head K/V from the latent. kv [B, S, dc+dr]; visible [B, T, S]. Returns o [B, T, H, dv]."""
+    c_kv, k_pe = kv[..., :cfg.kv_lora_rank], kv[..., cfg.kv_lora_rank:]
+    k_nope = torch.einsum("bsc,hnc->bshn", c_kv, w_uk)  # [B, S, H, dn]
+    v = torch.einsum("bsc,hvc->bshv", c_kv, w_uv)       # [B, S, H, dv]
+    scores = torch.einsum("bthn,bshn->bths", q_nope, k_nope) + torch.einsum("bthr,bsr->bths", q_pe, k_pe)
+    p = _softmax_rows(cfg.softmax_scale * scores, visible).to(v.dtype)
+    return torch.einsum("bths,bshv->bthv", p, v)
+
+
+def attention_absorbed(q_lat, q_pe, kv, visible, scale: float, dc: int) -> torch.Tensor:
+    """MQA over the shared key [c_kv | k_pe] and value c_kv. q_lat [B,T,H,dc]; returns o_lat [B,T,H,dc]."""
+    q = torch.cat((q_lat, q_pe), dim=-1).flatten(1, 2)         # [B, T*H, dc+dr]
+    scores = torch.bmm(q, kv.transpose(1, 2)).unflatten(1, (q_lat.shape[1], q_lat.shape[2]))  # [B,T,H,S]
+    p = _softmax_rows(scale * scores, visible).to(kv.dtype)
+    return torch.bmm(p.flatten(1, 2), kv[..., :dc]).view(q_lat.shape)
+
+
+def attention_cuda(q_lat, q_pe, kv, past_lens, anc, scale: float) -> torch.Tensor:
+    """The tree_verify_mla kernel (dc = 512, dr = 64, bf16): keys [0, past_len + T) of kv [B, S, 576]."""
+    from kdbench.backends import cuda_ext  # lazy: absent on CPU-only machines
+    q = torch.cat((q_lat, q_pe), dim=-1).to(torch.bfloat16).contiguous()  # [B, T, H, 576]
+    o_lat, _lse = cuda_ext.tree_verify_mla(q, kv, past_lens.to(torch.int32), anc, scale)
+    return o_lat.to(q_lat.dtype)

@@ -1,0 +1,115 @@
+"""DeepSeek-V3 / Kimi K2 mixture of experts in torch: sigmoid + bias group-limited routing (noaux_tc), the
+routed experts (grouped GEMM over expert-sorted slots, or a per-expert loop) and the shared expert.
+Rules follow references/moe.py (the float64 truth) and shared/notes/mla_moe.md §2 and §6.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from kdbench.references.model_config import ModelConfig
+
+DISPATCH_MODES = ("auto", "grouped", "loop")
+_GROUPED_OK: dict[tuple[str, torch.dtype], bool] = {}  # (device type, dtype) -> torch._grouped_mm works
+
+
+def gate_logits(x: torch.Tensor, w_gate: torch.Tensor) -> torch.Tensor:
+    """[N, E] router logits with float32 values. For a float64 model: inputs rounded to float32, the dot
+    product summed in float64 and rounded once (the reference's gate_logits_fp32); else a float32 matmul."""
+    if x.dtype == torch.float64:
+        return (x.float().double() @ w_gate.float().double().T).float().double()
+    return x.float() @ w_gate.float().T
+
+
+def _stable_topk(scores: torch.Tensor, k: int) -> torch.Tensor:
+    """[N, k] indices of the k largest per row; ties go to the lower index (stable descending sort)."""
+    return torch.sort(scores, dim=-1, descending=True, stable=True).indices[:, :k]
+
+
+def route(x: torch.Tensor, w_gate: torch.Tensor, bias: torch.Tensor, cfg: ModelConfig
+          ) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [N, d] -> (idx [N, k] int64 in selection order, weights [N, k] float32, float64 for float64 x).
+
+    Selection on sigmoid + bias, group-limited (group score = sum of its top-2 biased scores, other groups
+    -inf); weights are the unbiased scores, normalized if norm_topk_prob, times routed_scaling.
+    """
+    s = torch.sigmoid(gate_logits(x, w_gate))           # [N, E]
+    biased = s + bias.to(s.dtype)
+    if cfg.n_group > 1:
+        n, e = biased.shape
+        grouped = biased.view(n, cfg.n_group, e // cfg.n_group)
+        top2 = torch.sort(grouped, dim=-1).values[..., -2:]   # ascending, as the reference sums it
+        group_score = top2[..., 0] + top2[..., 1]            # [N, G]
+        kept = _stable_topk(group_score, cfg.topk_group)     # [N, topk_group]
+        keep = torch.zeros_like(group_score, dtype=torch.bool).scatter_(1, kept, True)
+        biased = biased.masked_fill(~keep.repeat_interleave(e // cfg.n_group, dim=1), float("-inf"))
+    idx = _stable_topk(biased, cfg.n_experts_per_tok)          # [N, k]
+    weights = torch.gather(s, 1, idx)
+    if cfg.norm_topk_prob:
+        weights = weights / weights.sum(dim=-1, keepdim=True)
+    return idx, weights * cfg.routed_scaling
+
+
+def swiglu(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, w3: torch.Tensor) -> torch.Tensor:
+    """W2 (silu(W1 x) * W3 x): x [N, d], w1/w3 [m, d], w2 [d, m] -> [N, d]."""
+    return (F.silu(x @ w1.T) * (x @ w3.T)) @ w2.T
+
+
+def _experts_loop(x, idx, weights, w1, w2, w3) -> torch.Tensor:
+    """Per-expert loop (host-synchronizing: unique / nonzero). Same accumulation order as the reference."""
+    y = torch.zeros_like(x)
+    for e in torch.unique(idx).tolist():
+        rows, slots = torch.nonzero(idx == e, as_tuple=True)
+        y.index_add_(0, rows, weights[rows, slots, None].to(x.dtype) * swiglu(x[rows], w1[e], w2[e], w3[e]))
+    return y
+
+
+def _experts_grouped(x, idx, weights, w1, w2, w3) -> torch.Tensor:
+    """(token, k) slots sorted by expert, three torch._grouped_mm calls over the expert segments.
+    No host synchronization (counts via scatter_add, not bincount), so it can sit in a CUDA graph."""
+    n, k = idx.shape
+    flat = idx.flatten()                                       # [N*k] expert of each slot
+    order = torch.sort(flat, stable=True).indices              # slots grouped by expert
+    token = order // k                                         # [N*k] source row of each sorted slot
+    counts = torch.zeros(w1.shape[0], dtype=torch.int32, device=x.device)
+    counts.scatter_add_(0, flat.to(torch.int64), torch.ones_like(flat, dtype=torch.int32))
+    offs = torch.cumsum(counts, 0, dtype=torch.int32)          # [E] segment ends
+    xs = x[token]                                              # [N*k, d]
+    h = F.silu(torch._grouped_mm(xs, w1.transpose(1, 2), offs)) * torch._grouped_mm(xs, w3.transpose(1, 2), offs)
+    out = torch._grouped_mm(h, w2.transpose(1, 2), offs)       # [N*k, d]
+    out = out * weights.flatten()[order, None].to(out.dtype)
+    return torch.zeros_like(x).index_add_(0, token, out)
+
+
+def _grouped_available(x: torch.Tensor, w1: torch.Tensor) -> bool:
+    """torch._grouped_mm exists and runs on this device and dtype (tried once, remembered)."""
+    key = (x.device.type, x.dtype)
+    if key not in _GROUPED_OK:
+        ok = hasattr(torch, "_grouped_mm")
+        if ok:
+            try:
+                probe = torch.zeros(2, w1.shape[2], dtype=x.dtype, device=x.device)
+                torch._grouped_mm(probe, w1[:1].transpose(1, 2),
+                                  torch.tensor([2], dtype=torch.int32, device=x.device))
+            except (RuntimeError, NotImplementedError, TypeError):
+                ok = False
+        _GROUPED_OK[key] = ok
+    return _GROUPED_OK[key]
+
+
+def moe_forward(w: dict, cfg: ModelConfig, layer: int, x: torch.Tensor, dispatch: str = "auto") -> torch.Tensor:
+    """x [N, d] (ffn-normed) -> routed experts + shared expert, [N, d].
+
+    dispatch: "grouped" (torch._grouped_mm; CUDA bf16 or CPU float32), "loop", or "auto" = grouped when
+    it runs on this device/dtype, else loop (float64 on CPU always loops).
+    """
+    if dispatch not in DISPATCH_MODES:
+        raise ValueError(f"dispatch must be one of {DISPATCH_MODES}, got {dispatch!r}")
+    p = f"layers.{layer}."
+    idx, weights = route(x, w[p + "gate"], w[p + "gate_bias"], cfg)
+    experts = (w[p + "experts.w1"], w[p + "experts.w2"], w[p + "experts.w3"])  # [E,mi,d], [E,d,mi], [E,mi,d]
+    grouped = dispatch == "grouped" or (dispatch == "auto" and _grouped_available(x, experts[0]))
+    y = (_experts_grouped if grouped else _experts_loop)(x, idx, weights, *experts)
+    if cfg.n_shared_experts > 0:
+        y = y + swiglu(x, w[p + "shared.w1"], w[p + "shared.w2"], w[p + "shared.w3"])
+    return y

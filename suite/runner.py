@@ -1,0 +1,148 @@
+"""run_scenarios: validated scenarios -> cases -> kind runners -> Records in a run directory -> report.
+
+Every case is isolated: an exception becomes an `error` record and the run goes on; records are written
+as they finish, so Ctrl-C or a crash keeps every finished case and `kdbench report` can render them.
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import os
+import shlex
+import sys
+import time
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from kdbench import config
+from kdbench.errors import UserError
+from kdbench.results import Record, RunWriter
+
+EXIT_OK, EXIT_FAIL, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
+
+
+@dataclass
+class RunContext:
+    """What a kind runner needs besides its case."""
+    device: str                       # "cpu" | "cuda"
+    device_name: str
+    run_dir: Path
+    argv_base: str                    # "kdbench run <file> --device <dev>" without --filter
+    cache: dict = field(default_factory=dict)   # per-run memo (ceilings, built models, AR baselines)
+
+    def repro(self, case: config.Case) -> str:
+        return f"{self.argv_base.format(file=shlex.quote(case.file))} --filter {shlex.quote(case.name)}"
+
+
+@dataclass
+class RunOutcome:
+    run_dir: Path
+    exit_code: int
+    records: list[Record]
+
+
+def resolve_device(device: str) -> tuple[str, str]:
+    """'auto' picks cuda when torch sees a GPU. Returns (device, human-readable name)."""
+    import torch
+    if device not in ("cpu", "cuda", "auto"):
+        raise UserError(f"--device: got {device!r}, expected cpu, cuda or auto")
+    has_cuda = torch.cuda.is_available()
+    if device == "cuda" and not has_cuda:
+        raise UserError("--device cuda: torch sees no CUDA GPU on this machine (try --device cpu)")
+    if device == "auto":
+        device = "cuda" if has_cuda else "cpu"
+    name = torch.cuda.get_device_name(0) if device == "cuda" else "cpu"
+    return device, name
+
+
+def make_run_dir(out_dir: str | None, scenarios: list[config.Scenario]) -> Path:
+    if out_dir is None:
+        stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+        names = "+".join(s.name for s in scenarios)[:60]
+        out_dir = os.path.join("runs", f"{stamp}-{names}")
+    path = Path(out_dir)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        probe = path / ".write-probe"
+        probe.write_text("ok")
+        probe.unlink()
+    except OSError as exc:
+        raise UserError(f"--out {out_dir}: cannot write there ({exc.strerror or exc})") from None
+    return path
+
+
+def run_scenarios(paths: list[str], out_dir: str | None = None, device: str = "auto",
+                  filter_expr: str | None = None, progress: bool = True) -> RunOutcome:
+    scenarios = [config.load(p) for p in paths]          # validate everything before running anything
+    cases = [c for s in scenarios for c in s.cases if config.matches(c, filter_expr)]
+    if not cases:
+        raise UserError(f"--filter {filter_expr!r} matches no case in {', '.join(paths)}")
+    device, device_name = resolve_device(device)
+    run_dir = make_run_dir(out_dir, scenarios)
+    ctx = RunContext(device, device_name, run_dir, "kdbench run {file} --device " + device)
+    writer = RunWriter(run_dir)
+    meta = _meta(scenarios, device, device_name, filter_expr)
+    writer.write_meta(meta)
+    exit_code = EXIT_OK
+    try:
+        _run_cases(cases, ctx, writer, progress)
+        meta["status"] = "finished"
+    except KeyboardInterrupt:
+        meta["status"] = "interrupted"
+        exit_code = EXIT_INTERRUPTED
+        print("\ninterrupted: finished cases are kept", file=sys.stderr)
+    finally:
+        meta["finished_at"] = _dt.datetime.now().isoformat(timespec="seconds")
+        meta["n_records"] = len(writer.records)
+        writer.write_meta(meta)
+    if exit_code == EXIT_OK and any(r.status in ("fail", "error") for r in writer.records):
+        exit_code = EXIT_FAIL
+    return RunOutcome(run_dir, exit_code, writer.records)
+
+
+def _run_cases(cases: list[config.Case], ctx: RunContext, writer: RunWriter, progress: bool) -> None:
+    from kdbench.kinds import run_case
+    t0 = time.perf_counter()
+    for i, case in enumerate(cases, 1):
+        if progress:
+            _progress(i, len(cases), case.name, time.perf_counter() - t0)
+        try:
+            for rec in run_case(case, ctx):
+                writer.add(rec)
+        except KeyboardInterrupt:
+            raise
+        except Exception as exc:  # one case's crash must not lose the others
+            writer.add(error_record(case, ctx, exc))
+    if progress:
+        print(f"\r[{len(cases)}/{len(cases)}] done in {time.perf_counter() - t0:.1f} s" + " " * 40,
+              file=sys.stderr)
+
+
+def error_record(case: config.Case, ctx: RunContext, exc: BaseException, backend: str = "") -> Record:
+    tb = traceback.format_exception(type(exc), exc, exc.__traceback__)
+    return Record(case.scenario, case.kind, case.name, case.family, backend, case.dtype, ctx.device_name,
+                  status="error", reason=f"{type(exc).__name__}: {exc}"[:500], seed=case.seed,
+                  extra={"traceback": "".join(tb[-6:])}, repro=ctx.repro(case))
+
+
+def _progress(i: int, n: int, name: str, elapsed: float) -> None:
+    width = 24
+    filled = int(width * (i - 1) / n)
+    bar = "#" * filled + "-" * (width - filled)
+    end = "\r" if sys.stderr.isatty() else "\n"
+    print(f"[{bar}] {i}/{n} {elapsed:6.1f}s {name[:60]}" + (" " * 10 if end == "\r" else ""), end=end,
+          file=sys.stderr, flush=True)
+
+
+def _meta(scenarios: list[config.Scenario], device: str, device_name: str, filter_expr: str | None) -> dict:
+    from kdbench import envinfo
+    return {
+        "status": "running",
+        "started_at": _dt.datetime.now().isoformat(timespec="seconds"),
+        "device": device,
+        "device_name": device_name,
+        "command": " ".join(shlex.quote(a) for a in ["kdbench", *sys.argv[1:]]) if sys.argv else "",
+        "filter": filter_expr,
+        "scenarios": [{"name": s.name, "kind": s.kind, "file": s.file, "text": s.text} for s in scenarios],
+        "fingerprint": envinfo.fingerprint(),
+    }

@@ -1,0 +1,182 @@
+"""Timing: CUDA events per sample after warm-up with an optional L2 flush (GPU), perf_counter_ns (CPU);
+raw samples kept, median with p20/p80. Also the measured roofline ceilings of the machine (cached per GPU).
+"""
+from __future__ import annotations
+
+import datetime
+import functools
+import json
+import os
+import re
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+L2_FALLBACK_BYTES = 64 << 20        # used only when torch does not report the L2 size
+
+
+@dataclass(frozen=True)
+class TimingResult:
+    samples_s: list[float]          # one per timed call, seconds, in measurement order
+    median_s: float
+    p20_s: float
+    p80_s: float
+
+
+def summarize(samples) -> TimingResult:
+    """Median and 20th/80th percentiles (linear interpolation) of raw samples in seconds."""
+    arr = np.asarray(samples, dtype=np.float64)
+    if arr.size == 0:
+        raise ValueError("summarize() needs at least one sample")
+    p20, med, p80 = np.percentile(arr, [20, 50, 80])
+    return TimingResult([float(x) for x in arr], float(med), float(p20), float(p80))
+
+
+def measure(fn: Callable[[], object], *, warmup: int, repeat: int, device: str,
+            flush_l2: bool = True) -> TimingResult:
+    """Call fn `warmup` times untimed, then `repeat` timed samples. device 'cuda' (or 'cuda:N'): one pair of
+    CUDA events around each call on the current stream, a 2x-L2 buffer written before each sample when
+    flush_l2 (cold caches). device 'cpu': perf_counter_ns around each call; flush_l2 is not applied."""
+    if repeat < 1 or warmup < 0:
+        raise ValueError(f"measure(): warmup={warmup}, repeat={repeat}; need warmup >= 0, repeat >= 1")
+    if device == "cpu":
+        return _measure_cpu(fn, warmup, repeat)
+    if device.startswith("cuda"):
+        return _measure_cuda(fn, warmup, repeat, device, flush_l2)
+    raise ValueError(f"measure(): device {device!r}, expected 'cpu' or 'cuda'")
+
+
+def _measure_cpu(fn, warmup: int, repeat: int) -> TimingResult:
+    for _ in range(warmup):
+        fn()
+    samples = []
+    for _ in range(repeat):
+        t0 = time.perf_counter_ns()
+        fn()
+        samples.append((time.perf_counter_ns() - t0) * 1e-9)
+    return summarize(samples)
+
+
+def l2_bytes(device: str = "cuda") -> int:
+    import torch
+    props = torch.cuda.get_device_properties(torch.device(device))
+    return int(getattr(props, "L2_cache_size", 0) or L2_FALLBACK_BYTES)
+
+
+def _measure_cuda(fn, warmup: int, repeat: int, device: str, flush_l2: bool) -> TimingResult:
+    import torch
+    dev = torch.device(device)
+    with torch.cuda.device(dev):
+        for _ in range(warmup):
+            fn()
+        # writing 2x L2 evicts everything fn's previous call left in L2 (the flush itself is not timed)
+        flush = torch.empty(2 * l2_bytes(device), dtype=torch.uint8, device=dev) if flush_l2 else None
+        events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+                  for _ in range(repeat)]
+        torch.cuda.synchronize(dev)
+        for start, end in events:
+            if flush is not None:
+                flush.fill_(1)
+            start.record()
+            fn()
+            end.record()
+        torch.cuda.synchronize(dev)
+        samples = [start.elapsed_time(end) * 1e-3 for start, end in events]   # ms -> s
+    return summarize(samples)
+
+
+# ------------------------------------------------------------------------------------------ ceilings
+
+@dataclass(frozen=True)
+class Ceilings:
+    copy_bytes_per_s: float         # device-to-device copy, bytes read + written per second
+    bf16_flops_per_s: float         # 8192^3 bf16 matmul on the GPU; a float64 matmul rate on CPU
+    source: str                     # how and where it was measured (or the cache file it came from)
+
+
+def floor_seconds(bytes_moved: float, flops: float, c: Ceilings) -> float:
+    """Roofline floor: the time the work needs at the measured ceilings, max(bytes/copy_bw, flops/rate)."""
+    return max(bytes_moved / c.copy_bytes_per_s, flops / c.bf16_flops_per_s)
+
+
+def pct_of_floor_rate(floor_s: float, median_s: float) -> float:
+    """100 * floor / measured: 100 means the kernel runs at the ceiling, 10 means 10x slower than it."""
+    return 100.0 * floor_s / median_s
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("KDBENCH_CACHE_DIR", Path.home() / ".cache" / "kdbench"))
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")
+
+
+@functools.lru_cache(maxsize=None)
+def ceilings(device: str) -> Ceilings:
+    """Measured once per process (CPU) or once per machine (GPU: cached as JSON keyed by name + driver)."""
+    if device == "cpu":
+        return _cpu_ceilings()
+    if not device.startswith("cuda"):
+        raise ValueError(f"ceilings(): device {device!r}, expected 'cpu' or 'cuda'")
+    import torch
+    name = torch.cuda.get_device_name(torch.device(device))
+    path = cache_dir() / f"ceilings-{_slug(name)}-{_slug(_driver_version())}.json"
+    if path.exists():
+        data = json.loads(path.read_text(encoding="utf-8"))
+        return Ceilings(data["copy_bytes_per_s"], data["bf16_flops_per_s"], f"{data['source']}; cached {path}")
+    result = _gpu_ceilings(device, name)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(asdict(result), indent=2), encoding="utf-8")
+    return result
+
+
+def _driver_version() -> str:
+    try:
+        import pynvml
+        pynvml.nvmlInit()
+        try:
+            version = pynvml.nvmlSystemGetDriverVersion()
+        finally:
+            pynvml.nvmlShutdown()
+        return version.decode() if isinstance(version, bytes) else str(version)
+    except Exception as exc:   # noqa: BLE001 - any NVML problem only weakens the cache key
+        return f"unknown-driver-{type(exc).__name__}"
+
+
+def _today() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d")
+
+
+def _gpu_ceilings(device: str, name: str) -> Ceilings:
+    import torch
+    dev = torch.device(device)
+    n_bytes = 1 << 30                                     # 1 GiB each way
+    src = torch.empty(n_bytes, dtype=torch.uint8, device=dev).fill_(1)
+    dst = torch.empty_like(src)
+    copy = measure(lambda: dst.copy_(src), warmup=3, repeat=10, device=device, flush_l2=False)
+    del src, dst
+    n = 8192
+    gen = torch.Generator(device=dev).manual_seed(0)
+    a = torch.randn(n, n, device=dev, dtype=torch.bfloat16, generator=gen)
+    b = torch.randn(n, n, device=dev, dtype=torch.bfloat16, generator=gen)
+    mm = measure(lambda: a @ b, warmup=3, repeat=10, device=device, flush_l2=False)
+    return Ceilings(2 * n_bytes / copy.median_s, 2 * n ** 3 / mm.median_s,
+                    f"measured {_today()} on {name}: 1 GiB device copy (read+write), 8192^3 bf16 matmul, "
+                    "median of 10")
+
+
+def _cpu_ceilings() -> Ceilings:
+    n_bytes = 64 << 20                                    # 64 MiB: past the LLC of most CPUs, fast to copy
+    src = np.ones(n_bytes, dtype=np.uint8)
+    dst = np.empty_like(src)
+    copy = measure(lambda: np.copyto(dst, src), warmup=1, repeat=5, device="cpu")
+    n = 512
+    rng = np.random.default_rng(0)
+    a, b = rng.standard_normal((n, n)), rng.standard_normal((n, n))
+    mm = measure(lambda: a @ b, warmup=1, repeat=5, device="cpu")
+    return Ceilings(2 * n_bytes / copy.median_s, 2 * n ** 3 / mm.median_s,
+                    f"measured {_today()} on CPU: 64 MiB memcpy (read+write), 512^3 float64 matmul, median of 5")
