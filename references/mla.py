@@ -123,8 +123,7 @@ def masked_softmax(logits: np.ndarray, visible: np.ndarray) -> tuple[np.ndarray,
     Returns (p [T, H, S], lse [T, H]) with lse = ln sum_visible exp(logit). A row with nothing visible gives
     p = 0 and lse = -inf; invisible logits are replaced by select (never multiplied), so NaN there is harmless.
     """
-    vis = np.broadcast_to(visible[:, None, :], logits.shape)
-    z = np.where(vis, logits, -np.inf)
+    z = np.where(visible[:, None, :], logits, -np.inf)  # [T, H, S]
     m = z.max(axis=-1, keepdims=True)  # [T, H, 1]
     m = np.where(np.isfinite(m), m, 0.0)  # empty rows: exp(-inf - 0) = 0, no inf - inf
     e = np.exp(z - m)
@@ -162,6 +161,6 @@ def attention_absorbed(q_lat, q_pe, c_kv, k_pe, visible, scale: float) -> tuple[
     q_lat [T,H,dc], q_pe [T,H,dr], c_kv [S,dc], k_pe [S,dr], visible [T,S]. Returns (o_lat [T,H,dc], lse [T,H]).
     """
     c_kv, k_pe = _zero_unseen(c_kv, visible), _zero_unseen(k_pe, visible)
-    logits = np.einsum("thc,sc->ths", q_lat, c_kv) + np.einsum("thr,sr->ths", q_pe, k_pe)  # [T, H, S]
+    logits = q_lat @ c_kv.T + q_pe @ k_pe.T  # [T, H, S]; matmul (BLAS), not einsum: ~10x faster at 576 wide
     p, lse = masked_softmax(scale * logits, visible)
-    return np.einsum("ths,sc->thc", p, c_kv), lse
+    return p @ c_kv, lse

@@ -7,6 +7,9 @@ import warnings
 import numpy as np
 import pytest
 
+from kdbench.references import mla, tree_build
+from kdbench.references.model import init_weights, prefill
+from kdbench.references.model_config import get_preset
 from kdbench.references.tree_verify_mla import (pack_anc_bits, tree_verify_mla, tree_verify_mla_batch,
                                                  unpack_anc_bits)
 
@@ -162,3 +165,37 @@ def test_batch_equals_per_sequence():
         np.testing.assert_array_equal(o[b], o_b, err_msg=f"seed {seed} batch {b}")
         np.testing.assert_array_equal(lse[b], lse_b, err_msg=f"seed {seed} batch {b}")
     assert np.all(lse[1, t - 3:] == -np.inf) and np.isfinite(lse[[0, 2]]).all()
+
+
+def test_bits_match_tree_build_layout():
+    # The same packing as tree_build.ancestor_bitmask / pad_tree_arrays (the tree stage's output).
+    seed = 29
+    logits = np.random.default_rng(seed).standard_normal((6, 20))
+    tree = tree_build.build_tree(logits, 70, root_token=3)  # 71 rows: two mask words
+    vis = tree_build.visibility(tree)
+    np.testing.assert_array_equal(pack_anc_bits(vis), tree_build.ancestor_bitmask(tree), err_msg=f"seed {seed}")
+    padded = tree_build.pad_tree_arrays(tree, 80)
+    np.testing.assert_array_equal(pack_anc_bits(padded["visibility"]), padded["bitmask"])
+
+
+def test_kernel_inputs_from_a_model_layer_reproduce_its_attention():
+    # Build q = [q_lat | q_pe] and kv = [c_kv | k_pe] as the engine will, then compare with the model's
+    # absorbed attention over the same cache (prefix + tree rows written before attending).
+    name, seed, layer = "tiny", 30, 1
+    cfg = get_preset(name)
+    w = init_weights(cfg, seed)
+    rng = np.random.default_rng(seed)
+    _, cache = prefill(w, cfg, rng.integers(0, cfg.vocab_size, 11))
+    parents, depths = [-1, 0, 0, 1, 2], np.array([0, 1, 1, 2, 2])
+    proj = mla.mla_project(w, cfg, layer, rng.standard_normal((5, cfg.hidden)), 11 + depths)
+    c_kv = np.concatenate([cache.c_kv[layer], proj["c_kv"]])  # [16, dc]
+    k_pe = np.concatenate([cache.k_pe[layer], proj["k_pe"]])  # [16, dr]
+    q_lat = mla.absorb_q(w, cfg, layer, proj["q_nope"])
+    anc = _tree_anc(parents)
+    visible = np.concatenate([np.ones((5, 11), bool), anc], axis=1)
+    want = mla.attention_absorbed(q_lat, proj["q_pe"], c_kv, k_pe, visible, cfg.softmax_scale)
+    q = np.concatenate([q_lat, proj["q_pe"]], axis=-1)  # [T, H, dc+dr]
+    kv = np.concatenate([np.concatenate([c_kv, k_pe], axis=-1), np.full((4, cfg.kv_dim), np.nan)])
+    got = tree_verify_mla(q, kv, 11, anc, cfg.softmax_scale, kv_lora_rank=cfg.kv_lora_rank)
+    assert_rel_l2(got[0], want[0], 1e-13, f"{name} seed {seed}: o_lat")
+    assert_rel_l2(got[1], want[1], 1e-13, f"{name} seed {seed}: lse")
