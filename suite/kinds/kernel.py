@@ -28,14 +28,35 @@ def run(case, ctx) -> Iterator[Record]:
             try:
                 results[b].append(fam.check(fam.run(b, inputs, case, ctx.device), want, case.tolerance))
             except Exception as exc:  # one backend's failure must not hide the others' results
-                errors[b] = f"{type(exc).__name__}: {exc}"
+                errors[b] = _describe(exc)
     for b in case.backends:
         if not avail[b][0]:
             yield _record(case, ctx, b, status="skipped", reason=avail[b][1])
         elif b in errors:
-            yield _record(case, ctx, b, status="error", reason=errors[b][:500])
+            status = "skipped" if errors[b].startswith("out of memory") else "error"
+            yield _record(case, ctx, b, status=status, reason=errors[b][:500])
         else:
-            yield _measured(fam, case, ctx, b, inputs, results[b])
+            try:
+                yield _measured(fam, case, ctx, b, inputs, results[b])
+            except Exception as exc:
+                reason = _describe(exc)
+                yield _record(case, ctx, b, status="skipped" if reason.startswith("out of memory") else "error",
+                              reason=reason[:500])
+            _release(ctx.device)
+
+
+def _release(device: str) -> None:
+    """Return cached blocks after each backend so one baseline's peak does not starve the next."""
+    if device == "cuda":
+        import torch
+        torch.cuda.empty_cache()
+
+
+def _describe(exc: Exception) -> str:
+    """A baseline that does not fit in device memory at a shape is skipped with that reason, not an error."""
+    if type(exc).__name__ == "OutOfMemoryError":
+        return f"out of memory at this shape: {str(exc).splitlines()[0][:200]}"
+    return f"{type(exc).__name__}: {exc}"
 
 
 def _measured(fam, case, ctx, backend: str, inputs: dict, trial_checks: list) -> Record:

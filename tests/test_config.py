@@ -1,0 +1,91 @@
+"""Scenario schema: expansion, seeds, filters, and one clear error per kind of bad input."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from kdbench import config
+from kdbench.errors import ScenarioError
+
+BAD = Path(__file__).parent / "data" / "bad_scenarios"
+
+# file -> (key path in the message, a fragment of what was expected)
+EXPECTED = {
+    "unknown_key.yaml": ("cases[0].shape.colour", "valid keys at cases[0].shape: batch, budget, vocab"),
+    "wrong_type.yaml": ("cases[0].shape.batch", "got 'two', expected an integer"),
+    "missing_field.yaml": ("cases[0].shape.budget", "missing required key"),
+    "unknown_preset.yaml": ("cases[0].shape.model", "expected a preset: deepseek-v3, kimi-k2"),
+    "empty.yaml": ("empty.yaml", "the file is empty"),
+    "not_yaml.yaml": ("not_yaml.yaml", "not valid YAML (line"),
+    "duplicate_case.yaml": ("cases", "duplicate case name 'a'"),
+    "negative_budget.yaml": ("cases[0].shape.budget", "got -3, expected a tree budget in 0..1024"),
+    "unknown_backend.yaml": ("cases[0].backends[1]", "got 'triton', expected one of numpy_ref, torch, cuda"),
+    "bad_tolerance.yaml": ("cases[0].tolerance.rtol", "got -0.1, expected a number >= 0"),
+    "unknown_family.yaml": ("cases[0].family", "expected a kernel family: tree_build"),
+    "sweep_out_of_range.yaml": ("cases[0].shape.budget", "got 2000, expected a tree budget"),
+    "not_a_mapping.yaml": ("not_a_mapping.yaml", "expected a mapping with keys name, kind, cases"),
+    "no_cases.yaml": ("cases", "expected at least one case"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_bad_scenario_names_file_path_and_expectation(name):
+    path, fragment = EXPECTED[name]
+    with pytest.raises(ScenarioError) as err:
+        config.load(BAD / name)
+    message = str(err.value)
+    assert str(BAD / name) in message and path in message and fragment in message, message
+    assert "\n" not in message
+
+
+def test_every_bad_file_is_covered():
+    assert sorted(p.name for p in BAD.glob("*.yaml")) == sorted(EXPECTED)
+
+
+def _write(tmp_path, text: str) -> Path:
+    path = tmp_path / "s.yaml"
+    path.write_text(text)
+    return path
+
+
+def test_sweep_expands_cartesian_product_with_stable_distinct_seeds(tmp_path):
+    path = _write(tmp_path, """
+name: s
+kind: kernel
+seed: 5
+cases:
+  - name: tb
+    family: tree_build
+    shape: {batch: 2, budget: 8, vocab: 100}
+    sweep: {shape.budget: [1, 7, 64], dtype: [float32, bfloat16]}
+""")
+    s = config.load(path)
+    assert [c.name for c in s.cases][:2] == ["tb[budget=1,dtype=float32]", "tb[budget=1,dtype=bfloat16]"]
+    assert len(s.cases) == 6 and len({c.seed for c in s.cases}) == 6
+    assert [c.shape.budget for c in s.cases] == [1, 1, 7, 7, 64, 64]
+    assert config.load(path).cases[3].seed == s.cases[3].seed   # same file -> same seeds
+    assert s.text == path.read_text()
+
+
+def test_filter_terms_and_exact_names(tmp_path):
+    s = config.load(Path(__file__).parents[1] / "scenarios" / "smoke.yaml")
+    names = [c.name for c in s.cases if config.matches(c, "family=tree_accept")]
+    assert names == ["tree_accept[mode=greedy]", "tree_accept[mode=sampled]"]
+    exact = "tree_build[budget=16,logits=peaked]"
+    assert [c.name for c in s.cases if config.matches(c, exact)] == [exact]
+    assert [c.name for c in s.cases if config.matches(c, "budget=1,random")] == ["tree_build[budget=1,logits=random]"]
+
+
+def test_sweep_axis_must_be_dtype_or_shape_key(tmp_path):
+    path = _write(tmp_path, "name: s\nkind: kernel\ncases:\n  - name: a\n    family: kv_compact\n"
+                            "    shape: {batch: 1, budget: 2, past_len: 3}\n    sweep: {trials: [1, 2]}\n")
+    with pytest.raises(ScenarioError, match=r"cases\[0\]\.sweep\.trials: unknown sweep axis"):
+        config.load(path)
+
+
+def test_generation_kinds_take_engine_backends_only(tmp_path):
+    path = _write(tmp_path, "name: s\nkind: acceptance\ncases:\n  - name: a\n    backends: [numpy_ref]\n"
+                            "    shape: {model: tiny}\n")
+    with pytest.raises(ScenarioError, match=r"cases\[0\]\.backends\[0\]: got 'numpy_ref', expected one of torch"):
+        config.load(path)
