@@ -1,0 +1,417 @@
+// tree_verify_mla: absorbed MLA attention under a tree ancestor mask, bf16 mma.sync m16n8k16, fp32 softmax.
+// One CTA = 64 query rows (row = node * H + head) x one KV split; each 64-token x 576 KV tile is loaded once
+// into shared memory and read both as K (576 columns) and V (first 512). Design: plans/0004-kernels.md.
+#include "tree_verify_mla.h"
+
+#include <algorithm>
+#include <cmath>
+
+namespace kdb {
+namespace {
+
+constexpr int kBlockM = 64;                     // query rows per CTA (4 row groups of 16)
+constexpr int kBlockN = 64;                     // KV tokens per tile
+constexpr int kThreads = 256;                   // 8 warps: warp = 2 * row_group + column_half
+constexpr int kRowBytes = kTvmDimQK * 2;        // 1152 B per bf16 row of Q or KV
+constexpr int kChunks = kRowBytes / 16;         // 72 16-byte chunks per row (a multiple of 8: swizzle stays in row)
+constexpr int kTileBytes = kBlockM * kRowBytes; // 73,728 B: the Q tile and each KV stage (kBlockM == kBlockN)
+constexpr int kPRowBytes = kBlockN * 2;         // 128 B per row of P (bf16)
+constexpr int kOffKv = kTileBytes;              // smem map: Q | KV stage 0 | KV stage 1 | P | max[2][64] | sum[2][64]
+constexpr int kOffP = 3 * kTileBytes;
+constexpr int kOffMax = kOffP + kBlockM * kPRowBytes;
+constexpr int kOffSum = kOffMax + 2 * kBlockM * 4;
+constexpr int kSmemBytes = kOffSum + 2 * kBlockM * 4;  // 230,400 B (H100/H200 allow 232,448 per block)
+constexpr int kMaxSplits = 64;
+constexpr int kSplitOverheadTiles = 2;          // cost of one extra split in KV-tile units (Q load, epilogue, combine)
+constexpr float kLn2 = 0.693147180559945309f;
+static_assert(kBlockM == kBlockN, "Q tile and KV stages share one size");
+static_assert(kChunks % 8 == 0, "the XOR swizzle permutes chunks within groups of 8");
+
+struct Params {
+  const __nv_bfloat16* q;
+  const __nv_bfloat16* kv;
+  const int32_t* past_lens;
+  const uint64_t* anc;
+  __nv_bfloat16* o_lat;
+  float* lse;
+  float* part_o;    // [splits, B*T*H, 512] normalized partial outputs (split mode only)
+  float* part_lse;  // [splits, B*T*H] partial natural-log lse (split mode only)
+  int batch, nodes, heads, cache_len, words, num_splits;
+  float scale_log2;  // scale * log2(e): scores live in log2 units so exp2 needs no extra multiply
+};
+
+// ---- PTX wrappers (sm_80+ instructions; identical on sm_90a and sm_120) ----
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+// src_bytes = 0 zero-fills the 16 smem bytes without reading src (out-of-range rows never reach smem).
+__device__ __forceinline__ void cp_async_16(uint32_t dst, const void* src, bool valid) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
+__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
+}
+__device__ __forceinline__ void ldsm_x4_trans(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
+}
+// d[16x8 f32] += a[16x16 bf16, row] * b[16x8 bf16, col]. Lane (g = lane/4, c = lane%4) holds
+// d[0..1] = (row g, cols 2c, 2c+1), d[2..3] = (row g+8, cols 2c, 2c+1).
+__device__ __forceinline__ void mma_16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+// Barrier for the two warps of one row group (64 threads); ids 1..4, id 0 is __syncthreads.
+__device__ __forceinline__ void pair_sync(int row_group) {
+  asm volatile("bar.sync %0, 64;\n" ::"r"(row_group + 1) : "memory");
+}
+
+// Byte offset of 16-byte chunk `chunk` of row `row` in a swizzled tile. XOR with (row & 7) puts the
+// 8 rows one ldmatrix phase reads (same logical chunk) in 8 different bank groups.
+__device__ __forceinline__ uint32_t swz(int row, int chunk, int row_bytes) {
+  return row * row_bytes + ((chunk ^ (row & 7)) << 4);
+}
+
+// Copies rows [row0, row0 + 64) of a row-major [*, 576] bf16 matrix into a swizzled smem tile;
+// rows >= row_end are zero-filled, so NaN in unused cache slots cannot enter the PV product.
+// Thread layout per pass: 32 rows x 8 chunks (a warp reads 4 rows x 128 contiguous bytes); 2 passes x 9
+// column groups. Row r + 32k keeps (r & 7), so chunk 8j + c8 lands at one base + immediates.
+__device__ __forceinline__ void load_tile(uint32_t dst, const __nv_bfloat16* src, int row0, int row_end) {
+  static_assert(kThreads == 256 && kChunks == 72 && kBlockM == 64, "thread layout assumes 256 x (64 x 72)");
+  const int c8 = threadIdx.x & 7, r = threadIdx.x >> 3;
+  const uint32_t d = dst + swz(r, c8, kRowBytes);
+#pragma unroll
+  for (int k = 0; k < 2; ++k) {
+    const int row = row0 + r + 32 * k;
+    const bool valid = row < row_end;
+    const __nv_bfloat16* g = src + static_cast<size_t>(valid ? row : 0) * kTvmDimQK + 8 * c8;
+#pragma unroll
+    for (int j = 0; j < kChunks / 8; ++j) cp_async_16(d + 32 * kRowBytes * k + 128 * j, g + 64 * j, valid);
+  }
+}
+
+// Per-lane ldmatrix offsets into a swizzled tile: off[i] = swz(row, 2 * i + hi). Because the swizzle only
+// permutes chunks within groups of 8, chunk 8 * k + 2 * i + hi of the same row sits at off[i] + 128 * k,
+// so the unrolled loops below use 4 registers plus immediates instead of one address per k-step.
+__device__ __forceinline__ void chunk_offsets(uint32_t (&off)[4], int row, int hi, int row_bytes) {
+#pragma unroll
+  for (int i = 0; i < 4; ++i) off[i] = swz(row, 2 * i + hi, row_bytes);
+}
+
+// S[16 x 32] = Q[rows 16*rg.., 576] . K[tokens 32*ch.., 576]^T; s[nt] covers tile columns 32*ch + 8*nt.
+// ldmatrix A: lanes 0-15 address rows 0-15 at k-chunk 2kk, lanes 16-31 the same rows at 2kk+1.
+// ldmatrix B (x4 = two n8 tiles): lanes 0-7 tokens 0-7 chunk 2kk, 8-15 tokens 0-7 chunk 2kk+1,
+// 16-23 tokens 8-15 chunk 2kk, 24-31 tokens 8-15 chunk 2kk+1 -> {b0, b1} of n-tile 0, {b0, b1} of n-tile 1.
+__device__ __forceinline__ void qk_tile(float (&s)[4][4], uint32_t q_tile, uint32_t k_tile, int rg, int ch,
+                                        int lane) {
+#pragma unroll
+  for (int nt = 0; nt < 4; ++nt) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.f;
+  uint32_t a_off[4], b_off[4];
+  chunk_offsets(a_off, 16 * rg + (lane & 15), lane >> 4, kRowBytes);
+  chunk_offsets(b_off, 32 * ch + (lane & 7) + ((lane >> 4) << 3), (lane >> 3) & 1, kRowBytes);
+#pragma unroll
+  for (int kk = 0; kk < kTvmDimQK / 16; ++kk) {
+    uint32_t a[4];
+    ldsm_x4(a, q_tile + a_off[kk & 3] + 128 * (kk >> 2));
+#pragma unroll
+    for (int p = 0; p < 2; ++p) {  // tokens +16 rows: same (row & 7), so the same swizzle
+      uint32_t b[4];
+      ldsm_x4(b, k_tile + b_off[kk & 3] + 128 * (kk >> 2) + 16 * kRowBytes * p);
+      mma_16816(s[2 * p], a, b[0], b[1]);
+      mma_16816(s[2 * p + 1], a, b[2], b[3]);
+    }
+  }
+}
+
+// O[16 x 256] += P[rows 16*rg.., 64 tokens] . V[64 tokens, dims 256*ch..]; acc[j] covers dims 256*ch + 8*j.
+// ldmatrix.trans B (x4): lanes 0-7 tokens 0-7 dims +0, 8-15 tokens 8-15 dims +0, 16-23 tokens 0-7 dims +8,
+// 24-31 tokens 8-15 dims +8 -> {b0, b1} of n-tile 2jj, {b0, b1} of n-tile 2jj+1.
+__device__ __forceinline__ void pv_tile(float (&acc)[32][4], uint32_t p_tile, uint32_t v_tile, int rg, int ch,
+                                        int lane) {
+  uint32_t a_off[4], v_off[4];
+  chunk_offsets(a_off, 16 * rg + (lane & 15), lane >> 4, kPRowBytes);
+  chunk_offsets(v_off, (lane & 7) + (((lane >> 3) & 1) << 3), lane >> 4, kRowBytes);
+#pragma unroll
+  for (int kt = 0; kt < kBlockN / 16; ++kt) {
+    uint32_t a[4];
+    ldsm_x4(a, p_tile + a_off[kt]);
+#pragma unroll
+    for (int jj = 0; jj < 16; ++jj) {  // dims 256*ch + 16*jj = chunk 32*ch + 8*(jj/4) + 2*(jj%4)
+      uint32_t b[4];
+      ldsm_x4_trans(b, v_tile + v_off[jj & 3] + 128 * (4 * ch + (jj >> 2)) + 16 * kRowBytes * kt);
+      mma_16816(acc[2 * jj], a, b[0], b[1]);
+      mma_16816(acc[2 * jj + 1], a, b[2], b[3]);
+    }
+  }
+}
+
+// Visibility of the 64 columns of a tile for one node: bit t <=> cache row past_len + j0 + t is visible,
+// where j0 = tile_start - past_len > -64 (only tiles reaching the tree call this). Prefix columns
+// (j0 + t < 0) are visible; tree column j = j0 + t is visible iff j < T and bit j of the node's anc row.
+__device__ __forceinline__ uint64_t tile_visibility(const uint64_t* anc_row, int words, int nodes, int j0) {
+  if (anc_row == nullptr) return 0;  // row past the end of the request (partial last M-tile)
+  uint64_t prefix = 0, tree;
+  if (j0 < 0) {
+    prefix = (1ull << -j0) - 1;  // -j0 in [1, 63]
+    tree = anc_row[0] << -j0;
+  } else {
+    const int w = j0 >> 6, sh = j0 & 63;
+    const uint64_t lo = w < words ? anc_row[w] : 0, hi = w + 1 < words ? anc_row[w + 1] : 0;
+    tree = sh == 0 ? lo : (lo >> sh) | (hi << (64 - sh));
+  }
+  const int n_tree = nodes - j0;  // tile-local columns t < n_tree are inside [past_len, past_len + T)
+  if (n_tree < 64) tree &= n_tree <= 0 ? 0 : (1ull << n_tree) - 1;
+  return prefix | tree;
+}
+
+// Running softmax state for the two rows a lane owns (h = 0: row g, h = 1: row g + 8 of the warp's 16).
+struct RowState {
+  float m[2];  // running max of scaled scores, log2 units; -inf until a visible column is seen
+  float l[2];  // this lane's partial row sum (its 8 columns per tile), rescaled with m
+};
+
+// Online softmax for one tile: mask (tail tiles only), row max across the warp pair, rescale O,
+// write P (bf16) for the pair's PV. Ends with a pair barrier, so P is ready on return.
+__device__ __forceinline__ void softmax_tile(float (&s)[4][4], float (&acc)[32][4], RowState& st,
+                                             const uint64_t (&vis)[2], bool masked, float scale_log2,
+                                             uint8_t* smem, int rg, int ch, int lane) {
+  float* red_max = reinterpret_cast<float*>(smem + kOffMax);  // [2 halves][64 rows]
+  const int g = lane >> 2, c = lane & 3;
+  float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+  for (int nt = 0; nt < 4; ++nt) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int h = e >> 1, col = 32 * ch + 8 * nt + 2 * c + (e & 1);
+      const float x = s[nt][e] * scale_log2;
+      s[nt][e] = (!masked || ((vis[h] >> col) & 1)) ? x : -INFINITY;  // select, never multiply by 0
+      mx[h] = fmaxf(mx[h], s[nt][e]);
+    }
+  }
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
+    mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
+    if (c == 0) red_max[ch * kBlockM + 16 * rg + g + 8 * h] = mx[h];
+  }
+  pair_sync(rg);
+  float m_use[2], alpha[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const float m_new = fmaxf(st.m[h], fmaxf(mx[h], red_max[(ch ^ 1) * kBlockM + 16 * rg + g + 8 * h]));
+    m_use[h] = m_new == -INFINITY ? 0.f : m_new;  // all masked so far: exp2(-inf - 0) = 0, no NaN
+    alpha[h] = exp2f(st.m[h] - m_use[h]);         // 0 while st.m is -inf (l and acc are 0 then)
+    st.m[h] = m_new;
+    st.l[h] *= alpha[h];
+  }
+  // Once the running max settles (most prefix tiles) every alpha is 1: skip the 128 multiplies.
+  if (__any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) {
+#pragma unroll
+    for (int j = 0; j < 32; ++j) {
+      acc[j][0] *= alpha[0], acc[j][1] *= alpha[0], acc[j][2] *= alpha[1], acc[j][3] *= alpha[1];
+    }
+  }
+  uint8_t* p_tile = smem + kOffP;
+#pragma unroll
+  for (int nt = 0; nt < 4; ++nt) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const float p0 = exp2f(s[nt][2 * h] - m_use[h]), p1 = exp2f(s[nt][2 * h + 1] - m_use[h]);
+      st.l[h] += p0 + p1;
+      const int row = 16 * rg + g + 8 * h, chunk = 4 * ch + nt;  // column 32*ch + 8*nt + 2c
+      *reinterpret_cast<__nv_bfloat162*>(p_tile + swz(row, chunk, kPRowBytes) + 4 * c) =
+          __floats2bfloat162_rn(p0, p1);
+    }
+  }
+  pair_sync(rg);
+}
+
+// True unless all anc words of the node are zero (a padding node sees nothing, prefix included).
+__device__ __forceinline__ bool node_is_real(const uint64_t* anc_row, int words) {
+  uint64_t any = 0;
+  for (int w = 0; w < words; ++w) any |= anc_row[w];
+  return any != 0;
+}
+
+// Finishes the row sums across the lane quad and the warp pair, then writes O and lse (bf16 output and
+// final lse, or fp32 partials for the combine kernel in split mode).
+template <bool kSplit>
+__device__ __forceinline__ void epilogue(const Params& p, float (&acc)[32][4], RowState& st, uint8_t* smem,
+                                         int b, int split, int m0, int rg, int ch, int lane) {
+  float* red_sum = reinterpret_cast<float*>(smem + kOffSum);
+  const int g = lane >> 2, c = lane & 3, rows = p.nodes * p.heads;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    st.l[h] += __shfl_xor_sync(0xffffffffu, st.l[h], 1);
+    st.l[h] += __shfl_xor_sync(0xffffffffu, st.l[h], 2);
+    if (c == 0) red_sum[ch * kBlockM + 16 * rg + g + 8 * h] = st.l[h];
+  }
+  pair_sync(rg);
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int row = m0 + 16 * rg + g + 8 * h;  // row within the request: node * H + head
+    if (row >= rows) continue;
+    const float l = st.l[h] + red_sum[(ch ^ 1) * kBlockM + 16 * rg + g + 8 * h];
+    const int node = row / p.heads;
+    const bool seen = l > 0.f && node_is_real(p.anc + (static_cast<size_t>(b) * p.nodes + node) * p.words, p.words);
+    const float inv_l = seen ? 1.f / l : 0.f;
+    const float lse = seen ? st.m[h] * kLn2 + logf(l) : -INFINITY;
+    const size_t grow = static_cast<size_t>(b) * rows + row;  // global row over the batch
+    if constexpr (kSplit) {
+      const size_t prow = static_cast<size_t>(split) * p.batch * rows + grow;
+      float* out = p.part_o + prow * kTvmDimV + 256 * ch + 2 * c;
+#pragma unroll
+      for (int j = 0; j < 32; ++j)
+        *reinterpret_cast<float2*>(out + 8 * j) = make_float2(acc[j][2 * h] * inv_l, acc[j][2 * h + 1] * inv_l);
+      if (ch == 0 && c == 0) p.part_lse[prow] = lse;
+    } else {
+      __nv_bfloat16* out = p.o_lat + grow * kTvmDimV + 256 * ch + 2 * c;
+#pragma unroll
+      for (int j = 0; j < 32; ++j)
+        *reinterpret_cast<__nv_bfloat162*>(out + 8 * j) =
+            __floats2bfloat162_rn(acc[j][2 * h] * inv_l, acc[j][2 * h + 1] * inv_l);
+      if (ch == 0 && c == 0) p.lse[grow] = lse;
+    }
+  }
+}
+
+// Grid (row tiles, splits, batch). Each CTA walks KV tiles [t_begin, t_end) of its split with a
+// two-stage cp.async pipeline: tile t+1 loads while tile t is multiplied.
+template <bool kSplit>
+__global__ void __launch_bounds__(kThreads, 1) tree_verify_mla_kernel(const Params p) {
+  extern __shared__ __align__(128) uint8_t smem[];
+  const int b = blockIdx.z, split = blockIdx.y, m0 = blockIdx.x * kBlockM;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, rg = warp >> 1, ch = warp & 1;
+  const int rows = p.nodes * p.heads;
+  const int past = max(p.past_lens[b], 0);
+  const int kv_end = min(past + p.nodes, p.cache_len);  // cache rows [0, kv_end) are attended; later rows never load
+  const int n_tiles = (kv_end + kBlockN - 1) / kBlockN;
+  const int t_begin = static_cast<int>(static_cast<int64_t>(n_tiles) * split / p.num_splits);
+  const int t_end = static_cast<int>(static_cast<int64_t>(n_tiles) * (split + 1) / p.num_splits);
+  const __nv_bfloat16* kv = p.kv + static_cast<size_t>(b) * p.cache_len * kTvmDimQK;
+  const uint32_t s_base = smem_addr(smem);
+  if (t_begin < t_end) {
+    load_tile(s_base, p.q + static_cast<size_t>(b) * rows * kTvmDimQK, m0, rows);  // Q rows >= rows: zeros
+    load_tile(s_base + kOffKv, kv, t_begin * kBlockN, kv_end);
+    cp_async_commit();
+  }
+  const uint64_t* anc_row[2];  // per owned row; null past the end of the request
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int row = m0 + 16 * rg + (lane >> 2) + 8 * h;
+    anc_row[h] = row < rows ? p.anc + (static_cast<size_t>(b) * p.nodes + row / p.heads) * p.words : nullptr;
+  }
+  float acc[32][4];
+#pragma unroll
+  for (int j = 0; j < 32; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
+  RowState st = {{-INFINITY, -INFINITY}, {0.f, 0.f}};
+  for (int t = t_begin; t < t_end; ++t) {
+    cp_async_wait_all();
+    __syncthreads();  // tile t visible to all; every warp is done with tile t-1, so its stage can refill
+    const uint32_t kv_tile = s_base + kOffKv + ((t - t_begin) & 1) * kTileBytes;
+    if (t + 1 < t_end) {
+      load_tile(s_base + kOffKv + ((t + 1 - t_begin) & 1) * kTileBytes, kv, (t + 1) * kBlockN, kv_end);
+      cp_async_commit();
+    }
+    float s[4][4];
+    qk_tile(s, s_base, kv_tile, rg, ch, lane);
+    const bool masked = (t + 1) * kBlockN > past;  // tile reaches the tree rows (or the unused tail)
+    uint64_t vis[2] = {0, 0};
+    if (masked) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) vis[h] = tile_visibility(anc_row[h], p.words, p.nodes, t * kBlockN - past);
+    }
+    softmax_tile(s, acc, st, vis, masked, p.scale_log2, smem, rg, ch, lane);
+    pv_tile(acc, s_base + kOffP, kv_tile, rg, ch, lane);
+  }
+  epilogue<kSplit>(p, acc, st, smem, b, split, m0, rg, ch, lane);
+}
+
+// Merges split partials per row: o = sum_s w_s o_s / sum_s w_s, w_s = exp(lse_s - max lse). One warp per
+// row, 16 floats per lane. Rows with every split empty (padding nodes) get o = 0, lse = -inf.
+__global__ void __launch_bounds__(256) tree_verify_mla_combine(const Params p) {
+  const int rows_total = p.batch * p.nodes * p.heads, lane = threadIdx.x & 31;
+  const int row = blockIdx.x * (blockDim.x / 32) + (threadIdx.x >> 5);
+  if (row >= rows_total) return;
+  float m = -INFINITY;
+  for (int s = 0; s < p.num_splits; ++s) m = fmaxf(m, p.part_lse[static_cast<size_t>(s) * rows_total + row]);
+  float4 acc[4] = {};
+  float sum = 0.f;
+  if (m != -INFINITY) {
+    for (int s = 0; s < p.num_splits; ++s) {
+      const size_t prow = static_cast<size_t>(s) * rows_total + row;
+      const float w = expf(p.part_lse[prow] - m);  // 0 for empty splits, whose partial o is 0
+      sum += w;
+      const float4* src = reinterpret_cast<const float4*>(p.part_o + prow * kTvmDimV);
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const float4 v = src[lane + 32 * i];
+        acc[i].x += w * v.x, acc[i].y += w * v.y, acc[i].z += w * v.z, acc[i].w += w * v.w;
+      }
+    }
+  }
+  const float inv = sum > 0.f ? 1.f / sum : 0.f;
+  __nv_bfloat162* out = reinterpret_cast<__nv_bfloat162*>(p.o_lat + static_cast<size_t>(row) * kTvmDimV);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    out[2 * (lane + 32 * i)] = __floats2bfloat162_rn(acc[i].x * inv, acc[i].y * inv);
+    out[2 * (lane + 32 * i) + 1] = __floats2bfloat162_rn(acc[i].z * inv, acc[i].w * inv);
+  }
+  if (lane == 0) p.lse[row] = sum > 0.f ? m + logf(sum) : -INFINITY;
+}
+
+int row_tiles(const TreeVerifyMlaShape& s) { return (s.nodes * s.heads + kBlockM - 1) / kBlockM; }
+
+}  // namespace
+
+int tree_verify_mla_smem_bytes() { return kSmemBytes; }
+
+// Chooses the split count minimizing (waves x KV tiles per CTA), charging each split a fixed overhead,
+// as FlashMLA's scheduler does. Uses the allocated length S, the only context bound known on the host.
+int tree_verify_mla_num_splits(const TreeVerifyMlaShape& s, int num_sms) {
+  const int64_t ctas = static_cast<int64_t>(s.batch) * row_tiles(s);
+  const int tiles = std::max(1, (s.cache_len + kBlockN - 1) / kBlockN);
+  int best = 1;
+  int64_t best_cost = INT64_MAX;
+  for (int n = 1; n <= std::min(kMaxSplits, tiles); ++n) {
+    const int64_t waves = (ctas * n + num_sms - 1) / num_sms;
+    const int64_t cost = waves * ((tiles + n - 1) / n + (n > 1 ? kSplitOverheadTiles : 0));
+    if (cost < best_cost) best = n, best_cost = cost;
+  }
+  return best;
+}
+
+size_t tree_verify_mla_workspace_floats(const TreeVerifyMlaShape& s, int num_splits) {
+  if (num_splits <= 1) return 0;
+  return static_cast<size_t>(num_splits) * s.batch * s.nodes * s.heads * (kTvmDimV + 1);
+}
+
+cudaError_t tree_verify_mla_launch(const TreeVerifyMlaArgs& a, cudaStream_t stream) {
+  const TreeVerifyMlaShape& s = a.shape;
+  if (s.batch == 0) return cudaSuccess;
+  const size_t rows_total = static_cast<size_t>(s.batch) * s.nodes * s.heads;
+  const bool split = a.num_splits > 1;
+  Params p{a.q, a.kv, a.past_lens, a.anc, a.o_lat, a.lse, split ? a.workspace : nullptr,
+           split ? a.workspace + static_cast<size_t>(a.num_splits) * rows_total * kTvmDimV : nullptr,
+           s.batch, s.nodes, s.heads, s.cache_len, s.words, a.num_splits,
+           static_cast<float>(a.scale * 1.4426950408889634)};
+  const dim3 grid(row_tiles(s), a.num_splits, s.batch);
+  auto kernel = split ? tree_verify_mla_kernel<true> : tree_verify_mla_kernel<false>;
+  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
+  if (err != cudaSuccess) return err;
+  kernel<<<grid, kThreads, kSmemBytes, stream>>>(p);
+  if (split) {
+    const int rows_per_block = 8;  // one warp per row
+    tree_verify_mla_combine<<<static_cast<unsigned>((rows_total + rows_per_block - 1) / rows_per_block),
+                              32 * rows_per_block, 0, stream>>>(p);
+  }
+  return cudaGetLastError();
+}
+
+}  // namespace kdb

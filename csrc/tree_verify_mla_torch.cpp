@@ -1,0 +1,104 @@
+// Torch glue for tree_verify_mla: checks dtype, device, layout, shape (in that order, naming the argument),
+// allocates o_lat / lse (and split-KV scratch), then calls the raw launcher on the current CUDA stream.
+// c10 headers, not ATen/cuda/CUDAContext.h: the latter pulls cuSPARSE/cuBLAS headers that a minimal CUDA
+// toolkit lacks; c10::cuda::getCurrentCUDAStream is the function at::cuda::getCurrentCUDAStream names.
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+
+#include <cmath>
+
+#include "torch_ops.h"
+#include "tree_verify_mla.h"
+
+namespace kdb {
+namespace {
+
+void check_dtypes(const at::Tensor& q, const at::Tensor& kv, const at::Tensor& past_lens, const at::Tensor& anc) {
+  TORCH_CHECK(q.scalar_type() == at::kBFloat16, "tree_verify_mla: q must be bfloat16, got ", q.scalar_type());
+  TORCH_CHECK(kv.scalar_type() == at::kBFloat16, "tree_verify_mla: kv must be bfloat16, got ", kv.scalar_type());
+  TORCH_CHECK(past_lens.scalar_type() == at::kInt, "tree_verify_mla: past_lens must be int32, got ",
+              past_lens.scalar_type());
+  TORCH_CHECK(anc.scalar_type() == at::kLong, "tree_verify_mla: anc must be int64 (uint64 bit patterns), got ",
+              anc.scalar_type());
+}
+
+void check_devices(const at::Tensor& q, const at::Tensor& kv, const at::Tensor& past_lens, const at::Tensor& anc) {
+  TORCH_CHECK(q.is_cuda(), "tree_verify_mla: q must be a CUDA tensor, got ", q.device());
+  TORCH_CHECK(kv.device() == q.device(), "tree_verify_mla: kv must be on ", q.device(), ", got ", kv.device());
+  TORCH_CHECK(past_lens.device() == q.device(), "tree_verify_mla: past_lens must be on ", q.device(), ", got ",
+              past_lens.device());
+  TORCH_CHECK(anc.device() == q.device(), "tree_verify_mla: anc must be on ", q.device(), ", got ", anc.device());
+}
+
+void check_layouts(const at::Tensor& q, const at::Tensor& kv, const at::Tensor& past_lens, const at::Tensor& anc) {
+  TORCH_CHECK(q.is_contiguous(), "tree_verify_mla: q must be contiguous [B, T, H, 576]");
+  TORCH_CHECK(kv.is_contiguous(), "tree_verify_mla: kv must be contiguous [B, S, 576]");
+  TORCH_CHECK(past_lens.is_contiguous(), "tree_verify_mla: past_lens must be contiguous");
+  TORCH_CHECK(anc.is_contiguous(), "tree_verify_mla: anc must be contiguous [B, T, W]");
+  // cp.async copies 16-byte chunks; rows are 1152 B, so only the base pointers can break alignment.
+  TORCH_CHECK(reinterpret_cast<uintptr_t>(q.data_ptr()) % 16 == 0, "tree_verify_mla: q must be 16-byte aligned");
+  TORCH_CHECK(reinterpret_cast<uintptr_t>(kv.data_ptr()) % 16 == 0, "tree_verify_mla: kv must be 16-byte aligned");
+}
+
+TreeVerifyMlaShape check_shapes(const at::Tensor& q, const at::Tensor& kv, const at::Tensor& past_lens,
+                                const at::Tensor& anc, double scale) {
+  TORCH_CHECK(q.dim() == 4 && q.size(3) == kTvmDimQK, "tree_verify_mla: q must be [B, T, H, ", kTvmDimQK,
+              "], got ", q.sizes());
+  const int64_t batch = q.size(0), nodes = q.size(1), heads = q.size(2), words = (nodes + 63) / 64;
+  TORCH_CHECK(nodes >= 1 && heads >= 1, "tree_verify_mla: q needs T >= 1 and H >= 1, got ", q.sizes());
+  TORCH_CHECK(batch <= 65535, "tree_verify_mla: batch must be <= 65535 (grid z), got ", batch);
+  TORCH_CHECK(nodes * heads <= (int64_t{1} << 30), "tree_verify_mla: T * H must be <= 2^30, got ", nodes * heads);
+  TORCH_CHECK(kv.dim() == 3 && kv.size(0) == batch && kv.size(2) == kTvmDimQK, "tree_verify_mla: kv must be [",
+              batch, ", S, ", kTvmDimQK, "], got ", kv.sizes());
+  TORCH_CHECK(kv.size(1) >= nodes && kv.size(1) <= (int64_t{1} << 30),
+              "tree_verify_mla: kv length S must be in [T = ", nodes, ", 2^30], got ", kv.size(1));
+  TORCH_CHECK(past_lens.dim() == 1 && past_lens.size(0) == batch, "tree_verify_mla: past_lens must be [", batch,
+              "], got ", past_lens.sizes());
+  TORCH_CHECK(anc.dim() == 3 && anc.size(0) == batch && anc.size(1) == nodes && anc.size(2) == words,
+              "tree_verify_mla: anc must be [", batch, ", ", nodes, ", ", words, "], got ", anc.sizes());
+  TORCH_CHECK(std::isfinite(scale) && scale > 0, "tree_verify_mla: scale must be finite and > 0, got ", scale);
+  return TreeVerifyMlaShape{static_cast<int>(batch), static_cast<int>(nodes), static_cast<int>(heads),
+                            static_cast<int>(kv.size(1)), static_cast<int>(words)};
+}
+
+}  // namespace
+
+std::vector<at::Tensor> tree_verify_mla(const at::Tensor& q, const at::Tensor& kv, const at::Tensor& past_lens,
+                                        const at::Tensor& anc, double scale) {
+  check_dtypes(q, kv, past_lens, anc);
+  check_devices(q, kv, past_lens, anc);
+  check_layouts(q, kv, past_lens, anc);
+  const TreeVerifyMlaShape shape = check_shapes(q, kv, past_lens, anc, scale);
+
+  const c10::cuda::CUDAGuard guard(q.device());
+  const int dev = q.get_device();
+  int smem_optin = 0, num_sms = 0;
+  C10_CUDA_CHECK(cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+  C10_CUDA_CHECK(cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, dev));
+  TORCH_CHECK(smem_optin >= tree_verify_mla_smem_bytes(), "tree_verify_mla: the kernel needs ",
+              tree_verify_mla_smem_bytes(), " B of shared memory per block; device ", dev, " allows ", smem_optin,
+              " (built for H100/H200-class GPUs, 227 KB)");
+  auto o_lat = at::empty({shape.batch, shape.nodes, shape.heads, kTvmDimV}, q.options());
+  auto lse = at::empty({shape.batch, shape.nodes, shape.heads}, q.options().dtype(at::kFloat));
+  const int num_splits = tree_verify_mla_num_splits(shape, num_sms);
+  const size_t ws_floats = tree_verify_mla_workspace_floats(shape, num_splits);
+  at::Tensor workspace;
+  if (ws_floats > 0) workspace = at::empty({static_cast<int64_t>(ws_floats)}, q.options().dtype(at::kFloat));
+
+  TreeVerifyMlaArgs args{};
+  args.q = reinterpret_cast<const __nv_bfloat16*>(q.data_ptr<at::BFloat16>());
+  args.kv = reinterpret_cast<const __nv_bfloat16*>(kv.data_ptr<at::BFloat16>());
+  args.past_lens = past_lens.data_ptr<int32_t>();
+  args.anc = reinterpret_cast<const uint64_t*>(anc.data_ptr<int64_t>());
+  args.o_lat = reinterpret_cast<__nv_bfloat16*>(o_lat.data_ptr<at::BFloat16>());
+  args.lse = lse.data_ptr<float>();
+  args.workspace = ws_floats > 0 ? workspace.data_ptr<float>() : nullptr;
+  args.shape = shape;
+  args.scale = scale;
+  args.num_splits = num_splits;
+  const cudaError_t err = tree_verify_mla_launch(args, c10::cuda::getCurrentCUDAStream());
+  TORCH_CHECK(err == cudaSuccess, "tree_verify_mla: launch failed: ", cudaGetErrorString(err));
+  return {o_lat, lse};
+}
+
+}  // namespace kdb
