@@ -1,6 +1,7 @@
 """KDTR: a little-endian container of named tensors (golden test vectors, traces, checkpoints).
 
-Pure numpy + stdlib; csrc/kdtr.h is the independent C++ implementation. Byte layout: plans/0006-kdtr.md.
+Pure numpy + stdlib; csrc/kdtr.h is the independent C++ implementation.
+Byte layout and design notes: plans/0006-kdtr.md.
 """
 from __future__ import annotations
 
@@ -100,7 +101,10 @@ def load_with_dtypes(path, mmap: bool = True, *, verify: bool = True
     with open(p, "rb") as f:
         size = os.fstat(f.fileno()).st_size
         header = _read_header(p, f, size)
-        buf = _mmap.mmap(f.fileno(), 0, access=_mmap.ACCESS_READ) if mmap else _read_aligned(p, f, size)
+        if mmap:
+            buf = _mmap.mmap(f.fileno(), 0, access=_mmap.ACCESS_READ)
+        else:
+            buf = _read_aligned(p, f, size)
     if verify:
         crc = zlib.crc32(memoryview(buf)[header.header_len:])
         if crc != header.data_crc:
@@ -215,16 +219,18 @@ def _align(x: int) -> int:
 # ---- reading ---------------------------------------------------------------------------------
 
 def _read_header(p: str, f, size: int) -> Header:
-    """Checks the preamble, bounds the header, verifies its CRC, then parses and checks the table."""
+    """Checks the preamble, bounds the header, checks its CRC, then parses and checks the table."""
     pre = f.read(PREAMBLE.size)
     header_len, file_len, n, data_crc = _check_preamble(p, pre, size)
     head = pre + f.read(header_len - PREAMBLE.size)
     if len(head) != header_len:
-        raise KdtrError(f"{p}: truncated while reading: header is {header_len} bytes, got {len(head)}")
+        raise KdtrError(f"{p}: truncated while reading: header is {header_len} bytes, "
+                        f"got {len(head)}")
     stored = struct.unpack_from("<I", head, 36)[0]
     crc = zlib.crc32(memoryview(head)[PREAMBLE.size:], zlib.crc32(head[:36]))
     if crc != stored:
-        raise KdtrError(f"{p}: header checksum mismatch: stored crc32 {stored:08x}, computed {crc:08x}")
+        raise KdtrError(f"{p}: header checksum mismatch: stored crc32 {stored:08x}, "
+                        f"computed {crc:08x}")
     tensors, names, pos, min_offset = [], set(), PREAMBLE.size, header_len
     for i in range(n):
         raw, pos = _parse_entry(p, i, head, pos)
@@ -233,7 +239,8 @@ def _read_header(p: str, f, size: int) -> Header:
         min_offset = t.offset + t.nbytes
         tensors.append(t)
     if pos != header_len:
-        raise KdtrError(f"{p}: header has {header_len - pos} unparsed trailing bytes after {n} tensors")
+        raise KdtrError(f"{p}: header has {header_len - pos} unparsed trailing bytes "
+                        f"after {n} tensors")
     return Header(header_len, file_len, data_crc, tuple(tensors))
 
 
@@ -347,4 +354,5 @@ def _view(buf, t: TensorInfo) -> np.ndarray:
     dt = _NUMPY[t.dtype]
     if t.nbytes == 0:
         return np.empty(t.shape, dtype=dt)  # nothing to map (the offset may equal the file length)
-    return np.frombuffer(buf, dtype=dt, count=t.nbytes // dt.itemsize, offset=t.offset).reshape(t.shape)
+    flat = np.frombuffer(buf, dtype=dt, count=t.nbytes // dt.itemsize, offset=t.offset)
+    return flat.reshape(t.shape)
