@@ -79,7 +79,8 @@ def _compare_floats(g, w, got_raw, want_raw, rtol: float, atol: float, tol: Tole
     same_nonfinite = (np.isnan(g) & np.isnan(w)) | (np.isinf(g) & np.isinf(w) & (g == w))
     got_bad = ~fin_g & ~same_nonfinite            # NaN/inf in got where the reference differs
     want_bad = ~fin_w & fin_g                     # the reference is non-finite, got is a number
-    diff = np.where(both, np.abs(g - w), 0.0)
+    diff = np.zeros_like(g)
+    diff[both] = np.abs(g[both] - w[both])
     allowed = atol + rtol * np.abs(np.where(both, w, 0.0))
     outside = (both & (diff > allowed)) | got_bad | want_bad
     n_nan = int(np.count_nonzero(got_bad))
