@@ -1,0 +1,171 @@
+"""Regression compare of two saved runs: a join on KEY_COLUMNS, a Mann-Whitney U test on the raw timing
+samples plus a minimum effect on the medians, "ambiguous" when clocks/throttling differ, and an HTML diff.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from kdbench.results import KEY_COLUMNS, Record, atomic_write_text, load_meta, load_records
+
+VERDICTS = ("fail", "slower", "faster", "ambiguous", "same", "skipped", "missing", "new")
+CLOCK_TOLERANCE = 0.05              # sm clock medians further apart than 5 % -> ambiguous
+
+
+@dataclass(frozen=True)
+class CompareResult:
+    rows: list[dict[str, Any]]          # one per key in either run: keys, verdict, medians, p, note
+    verdict_counts: dict[str, int]
+    exit_code: int                      # 0 ok, 1 a regression ("slower") or a correctness failure
+    notes: list[str] = field(default_factory=list)   # run-level remarks (partial runs, machine change)
+    alpha: float = 0.002
+    min_effect: float = 0.05
+    base_dir: str = ""
+    new_dir: str = ""
+
+
+def rankdata(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Average ranks (1-based; ties share their mean rank) and the size of every tie group."""
+    _, inverse, counts = np.unique(values, return_inverse=True, return_counts=True)
+    upper = np.cumsum(counts)                         # rank of the last member of each group
+    mean_rank = upper - (counts - 1) / 2.0
+    return mean_rank[inverse], counts
+
+
+def mann_whitney_u(x, y) -> tuple[float, float]:
+    """Two-sided Mann-Whitney U test, normal approximation with tie correction and continuity correction
+    (the same as scipy's method='asymptotic'). Returns (U of x, p value)."""
+    x, y = np.asarray(x, np.float64), np.asarray(y, np.float64)
+    n1, n2 = x.size, y.size
+    if n1 == 0 or n2 == 0:
+        raise ValueError("mann_whitney_u() needs samples on both sides")
+    ranks, ties = rankdata(np.concatenate([x, y]))
+    u1 = float(ranks[:n1].sum() - n1 * (n1 + 1) / 2.0)
+    n = n1 + n2
+    tie_term = float((ties ** 3 - ties).sum()) / (n * (n - 1)) if n > 1 else 0.0
+    sigma = math.sqrt(n1 * n2 / 12.0 * ((n + 1) - tie_term))
+    if sigma == 0:                                    # every value identical: no evidence of a shift
+        return u1, 1.0
+    delta = u1 - n1 * n2 / 2.0
+    z = (abs(delta) - 0.5) / sigma if abs(delta) >= 0.5 else 0.0
+    return u1, math.erfc(z / math.sqrt(2.0))
+
+
+def min_p_value(n1: int, n2: int) -> float:
+    """The smallest p the test can return for these sizes (complete separation, no ties): below it the
+    test cannot reach alpha however large the change, so the verdict must be 'ambiguous'."""
+    if n1 == 0 or n2 == 0:
+        return 1.0
+    return mann_whitney_u(np.arange(n1), np.arange(n1, n1 + n2))[1]
+
+
+def _throttle(rec: Record) -> str:
+    return ",".join(sorted(t for t in rec.throttle.split(",") if t))
+
+
+def _ambiguity(base: Record, new: Record, alpha: float) -> str:
+    """Why a timing comparison cannot be trusted, or '' when it can."""
+    nb, nn = len(base.samples_s), len(new.samples_s)
+    if min_p_value(nb, nn) > alpha:
+        return f"too few samples ({nb} vs {nn}) for p < {alpha:g}"
+    cb, cn = base.sm_clock_mhz, new.sm_clock_mhz
+    if math.isfinite(cb) and math.isfinite(cn) and cb > 0 and abs(cn / cb - 1) > CLOCK_TOLERANCE:
+        return f"SM clock {cb:.0f} vs {cn:.0f} MHz differs by more than {CLOCK_TOLERANCE:.0%}"
+    if _throttle(base) != _throttle(new):
+        return f"throttle state differs ({_throttle(base) or 'none'} vs {_throttle(new) or 'none'})"
+    return ""
+
+
+def _timing_verdict(base: Record, new: Record, alpha: float, min_effect: float) -> dict[str, Any]:
+    b_med, n_med = float(np.median(base.samples_s)), float(np.median(new.samples_s))
+    change = n_med / b_med - 1.0 if b_med > 0 else math.nan
+    _, p = mann_whitney_u(base.samples_s, new.samples_s)
+    out = {"base_median_s": b_med, "new_median_s": n_med, "change_pct": 100 * change, "p_value": p}
+    why = _ambiguity(base, new, alpha)
+    if why:
+        return {**out, "verdict": "ambiguous", "note": why}
+    if p < alpha and abs(change) >= min_effect:
+        return {**out, "verdict": "slower" if change > 0 else "faster",
+                "note": f"p = {p:.2g} < {alpha:g} and |change| >= {min_effect:.0%}"}
+    if p < alpha:
+        note = f"significant (p = {p:.2g}) but smaller than the {min_effect:.0%} minimum effect"
+    elif abs(change) >= min_effect:
+        note = f"median moved {100 * change:+.1f}% but p = {p:.2g} >= {alpha:g}"
+    else:
+        note = ""
+    return {**out, "verdict": "same", "note": note}
+
+
+def _row_verdict(base: Record | None, new: Record | None, alpha: float, min_effect: float) -> dict[str, Any]:
+    if new is None:
+        return {"verdict": "missing", "note": "in the baseline, not in the new run"}
+    if new.status in ("fail", "error"):
+        return {"verdict": "fail", "note": f"{new.status}: {new.reason or new.worst}"}
+    if base is None:
+        return {"verdict": "new", "note": "not in the baseline"}
+    if new.status == "skipped" or base.status == "skipped":
+        return {"verdict": "skipped", "note": new.reason or base.reason}
+    if base.samples_s and new.samples_s:
+        return _timing_verdict(base, new, alpha, min_effect)
+    return {"verdict": "same", "note": "no timing samples; status unchanged"
+            if base.status == new.status else f"status {base.status} -> {new.status}"}
+
+
+def _row(key: tuple, base: Record | None, new: Record | None, alpha: float, min_effect: float) -> dict:
+    row: dict[str, Any] = dict(zip(KEY_COLUMNS, key))
+    row.update(base_status=base.status if base else "", new_status=new.status if new else "",
+               base_median_s=math.nan, new_median_s=math.nan, change_pct=math.nan, p_value=math.nan,
+               base_sm_clock_mhz=base.sm_clock_mhz if base else math.nan,
+               new_sm_clock_mhz=new.sm_clock_mhz if new else math.nan,
+               base_throttle=_throttle(base) if base else "", new_throttle=_throttle(new) if new else "",
+               repro=(new or base).repro)
+    row.update(_row_verdict(base, new, alpha, min_effect))
+    return row
+
+
+def _run_notes(base_dir: Path, new_dir: Path) -> list[str]:
+    notes = []
+    bm, nm = load_meta(base_dir), load_meta(new_dir)
+    from kdbench.report import is_finished
+    for label, meta in (("baseline", bm), ("new run", nm)):
+        if not is_finished(meta):
+            notes.append(f"the {label} is a partial run (no 'finished' flag in meta.json)")
+    bs, ns = (m.get("fingerprint", {}).get("gpu_slug") for m in (bm, nm))
+    if bs and ns and bs != ns:
+        notes.append(f"different machines: baseline {bs}, new {ns}")
+    return notes
+
+
+def compare(base_dir, new_dir, *, alpha: float = 0.002, min_effect: float = 0.05) -> CompareResult:
+    """Join two run directories on KEY_COLUMNS and give every key a verdict (see VERDICTS)."""
+    base = {r.key(): r for r in load_records(Path(base_dir))}
+    new = {r.key(): r for r in load_records(Path(new_dir))}
+    keys = list(new) + [k for k in base if k not in new]
+    rows = [_row(k, base.get(k), new.get(k), alpha, min_effect) for k in keys]
+    counts = {v: 0 for v in VERDICTS}
+    for row in rows:
+        counts[row["verdict"]] += 1
+    exit_code = 1 if counts["fail"] or counts["slower"] else 0
+    return CompareResult(rows, counts, exit_code, _run_notes(Path(base_dir), Path(new_dir)), alpha, min_effect,
+                         str(base_dir), str(new_dir))
+
+
+def render_compare(result: CompareResult, out_html, *, base_label: str = "", new_label: str = "") -> Path:
+    """Write the diff report (one self-contained, autoescaped HTML file); labels default to the run dirs."""
+    base_label = base_label or result.base_dir or "baseline"
+    new_label = new_label or result.new_dir or "new"
+    from kdbench.report import environment
+    order = {v: i for i, v in enumerate(VERDICTS)}
+    rows = sorted(result.rows, key=lambda r: order[r["verdict"]])
+    html = environment().get_template("compare.html.j2").render(
+        title=f"kdbench compare: {new_label} vs {base_label}", result=result, rows=rows, verdicts=VERDICTS,
+        base_label=base_label, new_label=new_label, key_columns=KEY_COLUMNS,
+        clock_tolerance_pct=100 * CLOCK_TOLERANCE)
+    out = Path(out_html)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(out, html)
+    return out

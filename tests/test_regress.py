@@ -1,0 +1,185 @@
+"""Tests of kdbench.regress (U test, verdicts, exit code, HTML) and kdbench.nightly (baseline handling) on
+synthetic run directories: a planted 20% slowdown is caught, A/A pairs are not, clocks make it ambiguous."""
+import sys
+import types
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from kdbench import nightly, regress
+from kdbench.errors import UserError
+from kdbench.regress import compare, mann_whitney_u, min_p_value, rankdata, render_compare
+from kdbench.results import Record, RunWriter
+
+
+def samples(seed: int, median_s: float = 1e-3, n: int = 20, spread: float = 0.03) -> list[float]:
+    """Timing-like samples: log-normal around median_s with a few percent of noise."""
+    rng = np.random.default_rng(seed)
+    return list(median_s * np.exp(rng.normal(0, spread, n)))
+
+
+def rec(case: str, s: list[float] | None = None, status: str = "pass", **kw) -> Record:
+    r = Record("nightly", "kernel", case, "tree_build", "torch", "float32", "NVIDIA H200", status=status,
+               samples_s=s or [], n_samples=len(s or []), repro=f"kdbench run x.yaml --filter {case}", **kw)
+    if s:
+        r.time_median_s = float(np.median(s))
+    return r
+
+
+def write_run(path: Path, records: list[Record], finished: bool = True) -> Path:
+    w = RunWriter(path)
+    for r in records:
+        w.add(r)
+    w.write_meta({"status": "finished" if finished else "running",
+                  "fingerprint": {"gpu_slug": "nvidia-h200", "gpus": [{"name": "NVIDIA H200"}]}})
+    return path
+
+
+# ------------------------------------------------------------------------------------------ the U test
+
+def test_rankdata_averages_ties():
+    ranks, ties = rankdata(np.array([3.0, 1.0, 3.0, 2.0]))
+    assert ranks.tolist() == [3.5, 1.0, 3.5, 2.0]
+    assert sorted(ties.tolist()) == [1, 1, 2]
+
+
+def test_u_test_matches_scipy_asymptotic_values():
+    # reference values from scipy.stats.mannwhitneyu(x, y, method="asymptotic") (scipy 1.17), ties included
+    x = [1.0, 2.0, 2.0, 3.0, 5.0, 5.0, 5.0, 8.0]
+    y = [2.0, 4.0, 5.0, 6.0, 6.0, 9.0, 9.0, 10.0, 11.0]
+    u, p = mann_whitney_u(x, y)
+    assert u == 14.5
+    assert p == pytest.approx(0.04126741302260858, rel=1e-12)
+    assert mann_whitney_u([1.0] * 3, [1.0] * 3) == (4.5, 1.0)      # all tied: no evidence
+
+
+def test_min_p_value_says_how_many_samples_alpha_needs():
+    assert min_p_value(7, 7) > 0.002 > min_p_value(8, 8)
+    assert min_p_value(20, 20) < 1e-6
+
+
+def test_aa_pairs_rarely_flagged():
+    flagged = sum(mann_whitney_u(samples(2 * i), samples(2 * i + 1))[1] < 0.002 for i in range(300))
+    assert flagged <= 3            # expected 0.6 false positives at alpha = 0.002
+
+
+# ------------------------------------------------------------------------------------------ verdicts
+
+def test_planted_slowdown_is_slower_and_fails(tmp_path):
+    base = write_run(tmp_path / "base", [rec("a", samples(1)), rec("b", samples(2))])
+    new = write_run(tmp_path / "new", [rec("a", samples(3, median_s=1.2e-3)), rec("b", samples(4))])
+    res = compare(base, new)
+    verdicts = {r["case"]: r for r in res.rows}
+    assert verdicts["a"]["verdict"] == "slower"
+    assert verdicts["a"]["change_pct"] == pytest.approx(20, abs=3)
+    assert verdicts["b"]["verdict"] == "same"
+    assert res.exit_code == 1 and res.verdict_counts["slower"] == 1
+
+
+def test_speedup_is_faster_and_passes(tmp_path):
+    base = write_run(tmp_path / "base", [rec("a", samples(1))])
+    new = write_run(tmp_path / "new", [rec("a", samples(2, median_s=0.7e-3))])
+    res = compare(base, new)
+    assert res.rows[0]["verdict"] == "faster" and res.exit_code == 0
+
+
+def test_aa_runs_are_same(tmp_path):
+    cases = [f"c{i}" for i in range(10)]
+    base = write_run(tmp_path / "base", [rec(c, samples(i)) for i, c in enumerate(cases)])
+    new = write_run(tmp_path / "new", [rec(c, samples(100 + i)) for i, c in enumerate(cases)])
+    res = compare(base, new)
+    assert res.verdict_counts["same"] == 10 and res.exit_code == 0
+
+
+def test_small_significant_change_is_same(tmp_path):
+    base = write_run(tmp_path / "base", [rec("a", samples(1, spread=0.002, n=40))])
+    new = write_run(tmp_path / "new", [rec("a", samples(2, median_s=1.02e-3, spread=0.002, n=40))])
+    row = compare(base, new).rows[0]
+    assert row["p_value"] < 0.002 and row["verdict"] == "same"
+    assert "minimum effect" in row["note"]
+
+
+def test_clock_mismatch_or_throttle_is_ambiguous(tmp_path):
+    base = write_run(tmp_path / "base", [rec("a", samples(1), sm_clock_mhz=1980.0),
+                                         rec("b", samples(2), sm_clock_mhz=1980.0)])
+    new = write_run(tmp_path / "new", [rec("a", samples(3, median_s=1.3e-3), sm_clock_mhz=1500.0),
+                                       rec("b", samples(4, median_s=1.3e-3), sm_clock_mhz=1975.0,
+                                           throttle="sw_power_cap")])
+    res = compare(base, new)
+    rows = {r["case"]: r for r in res.rows}
+    assert rows["a"]["verdict"] == "ambiguous" and "SM clock" in rows["a"]["note"]
+    assert rows["b"]["verdict"] == "ambiguous" and "throttle" in rows["b"]["note"]
+    assert res.exit_code == 0
+
+
+def test_too_few_samples_is_ambiguous(tmp_path):
+    base = write_run(tmp_path / "base", [rec("a", samples(1, n=5))])
+    new = write_run(tmp_path / "new", [rec("a", samples(2, median_s=2e-3, n=5))])
+    row = compare(base, new).rows[0]
+    assert row["verdict"] == "ambiguous" and "too few samples" in row["note"]
+
+
+def test_correctness_failure_in_new_fails_even_when_faster(tmp_path):
+    base = write_run(tmp_path / "base", [rec("a", samples(1)), rec("b", samples(2))])
+    new = write_run(tmp_path / "new", [rec("a", samples(3, median_s=0.5e-3), status="fail",
+                                           reason="outside tolerance: (3,) (got=0, want=1)"),
+                                       rec("b", status="error", reason="RuntimeError: boom")])
+    res = compare(base, new)
+    assert [r["verdict"] for r in res.rows] == ["fail", "fail"]
+    assert "outside tolerance" in res.rows[0]["note"] and res.exit_code == 1
+
+
+def test_missing_and_new_rows(tmp_path):
+    base = write_run(tmp_path / "base", [rec("old", samples(1)), rec("both", samples(2))])
+    new = write_run(tmp_path / "new", [rec("both", samples(3)), rec("added", samples(4))])
+    res = compare(base, new)
+    rows = {r["case"]: r["verdict"] for r in res.rows}
+    assert rows == {"both": "same", "added": "new", "old": "missing"}
+    assert res.exit_code == 0
+
+
+def test_partial_new_run_is_noted_and_html_is_escaped(tmp_path):
+    base = write_run(tmp_path / "base", [rec("<b>x</b>", samples(1))])
+    new = write_run(tmp_path / "new", [rec("<b>x</b>", samples(2, median_s=1.5e-3))], finished=False)
+    res = compare(base, new)
+    assert any("partial" in n for n in res.notes)
+    html = render_compare(res, tmp_path / "out" / "compare.html").read_text()
+    assert "&lt;b&gt;x&lt;/b&gt;" in html and "<b>x</b>" not in html
+    assert "slower" in html and "http" not in html
+
+
+# ------------------------------------------------------------------------------------------ nightly
+
+def test_update_baseline_copies_a_finished_run_and_refuses_a_partial(tmp_path):
+    run = write_run(tmp_path / "run", [rec("a", samples(1))])
+    dest = nightly.update_baseline(run, tmp_path / "baselines")
+    assert dest == tmp_path / "baselines" / "nvidia-h200"
+    assert (dest / "records.jsonl").read_text() == (run / "records.jsonl").read_text()
+    partial = write_run(tmp_path / "partial", [rec("a", samples(1))], finished=False)
+    with pytest.raises(UserError, match="partial"):
+        nightly.update_baseline(partial, tmp_path / "baselines")
+
+
+def test_run_nightly_compares_with_the_baseline(tmp_path, monkeypatch):
+    """The runner is replaced by a fake that writes a run with a planted slowdown."""
+    scen = tmp_path / "scen"
+    scen.mkdir()
+    (scen / "k.yaml").write_text("name: k\n")
+    seen = {}
+
+    def fake_run_scenarios(paths, out_dir, device="auto", filter_expr=None):
+        seen.update(paths=paths, device=device, filter=filter_expr)
+        run_dir = write_run(Path(out_dir), [rec("a", samples(5, median_s=1.3e-3))])
+        return types.SimpleNamespace(run_dir=run_dir, exit_code=0)
+
+    monkeypatch.setitem(sys.modules, "kdbench.runner",
+                        types.SimpleNamespace(run_scenarios=fake_run_scenarios))
+    baselines = tmp_path / "baselines"
+    assert nightly.run_nightly(tmp_path / "n0", baselines, scenario_dir=scen) == 0   # no baseline yet
+    nightly.update_baseline(write_run(tmp_path / "good", [rec("a", samples(6))]), baselines)
+    assert nightly.run_nightly(tmp_path / "n1", baselines, scenario_dir=scen) == 1
+    assert seen == {"paths": [str(scen / "k.yaml")], "device": "auto", "filter": None}
+    assert (tmp_path / "n1" / "compare.html").exists() and (tmp_path / "n1" / "report.html").exists()
+    with pytest.raises(UserError):
+        nightly.scenario_paths(tmp_path / "empty")
