@@ -1,0 +1,97 @@
+"""What runs at each stage of a speculative step: the tree policy (which build) and the stage backend
+("torch": suite/backends/torch_ops.py; "cuda": the kdbench_cuda extension via suite/backends/cuda_ext.py,
+imported only when asked for, with the reason when it is unavailable).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+from kdbench.backends import torch_ops
+
+POLICY_KINDS = ("ar", "chain", "ddtree", "ddtree_width_capped", "static_kary")
+BACKENDS = ("torch", "cuda")
+MAX_BUDGET = 1024  # the largest tree the stages support (the paper's sweep ends here)
+
+
+@dataclass(frozen=True)
+class Policy:
+    """kind: ar | chain (argmax chain, min(budget, L) deep) | ddtree (Algorithm 1, `budget` nodes) |
+    ddtree_width_capped (at most max_width tokens per depth) | static_kary (branching[i] children at depth i;
+    budget ignored)."""
+    kind: str = "ddtree"
+    budget: int = 64
+    max_width: int = 0
+    branching: tuple[int, ...] = ()
+
+    def __post_init__(self):
+        if self.kind not in POLICY_KINDS:
+            raise ValueError(f"unknown policy kind {self.kind!r}; valid kinds: {', '.join(POLICY_KINDS)}")
+        if not isinstance(self.budget, int) or not 0 <= self.budget <= MAX_BUDGET:
+            raise ValueError(f"budget must be an int in [0, {MAX_BUDGET}], got {self.budget!r}")
+        if self.kind == "ddtree_width_capped" and self.max_width < 1:
+            raise ValueError(f"ddtree_width_capped needs max_width >= 1, got {self.max_width}")
+        if self.kind == "static_kary":
+            if not self.branching or min(self.branching) < 1:
+                raise ValueError(f"static_kary needs branching: a non-empty tuple of ints >= 1, got {self.branching}")
+            if torch_ops.static_kary_size(self.branching) > MAX_BUDGET:
+                raise ValueError(f"static_kary branching {self.branching} has "
+                                 f"{torch_ops.static_kary_size(self.branching)} nodes > {MAX_BUDGET}")
+
+    def nodes(self, depth: int) -> int:
+        """Tree nodes per request, root excluded (the verify pass has nodes + 1 rows); depth = drafter L."""
+        if self.kind == "ar":
+            return 0
+        if self.kind == "chain":
+            return min(self.budget, depth)
+        if self.kind == "static_kary":
+            if len(self.branching) > depth:
+                raise ValueError(f"static_kary branching {self.branching} is deeper than the drafter (L={depth})")
+            return torch_ops.static_kary_size(self.branching)
+        return self.budget
+
+    def build_one(self) -> torch_ops.BuildOne:
+        return {"chain": lambda: torch_ops.build_chain, "ddtree": lambda: torch_ops.build_ddtree,
+                "ddtree_width_capped": lambda: torch_ops.width_capped(self.max_width),
+                "static_kary": lambda: torch_ops.static_kary(self.branching)}[self.kind]()
+
+    @property
+    def label(self) -> str:
+        extra = {"ar": "", "chain": f"B={self.budget}", "ddtree": f"B={self.budget}",
+                 "ddtree_width_capped": f"B={self.budget},w={self.max_width}",
+                 "static_kary": "b=" + "x".join(map(str, self.branching))}[self.kind]
+        return f"{self.kind}({extra})" if extra else self.kind
+
+
+@dataclass(frozen=True)
+class Stages:
+    """The callables of one backend; tree_build takes (draft_logits, budgets, roots, past_lens, max_budget)."""
+    backend: str
+    attn: str                  # the model's attention backend for verify / decode
+    tree_build: Callable
+    tree_accept_greedy: Callable
+    tree_accept_sampled: Callable
+    kv_compact: Callable
+
+
+def get_stages(backend: str, policy: Policy) -> Stages:
+    """The stage callables for `backend`. "cuda" uses the kernels where they exist (the CUDA build is
+    DDTree's Algorithm 1 only; other policies use the torch host build) and raises RuntimeError naming
+    the import failure when the extension is unavailable."""
+    if backend not in BACKENDS:
+        raise ValueError(f"unknown backend {backend!r}; valid backends: {', '.join(BACKENDS)}")
+    build_one = policy.build_one() if policy.kind != "ar" else None
+
+    def torch_build(logits, budgets, roots, past, max_budget):
+        return torch_ops.tree_build(logits, budgets, roots, past, max_budget, build_one)
+
+    if backend == "torch":
+        return Stages("torch", "torch", torch_build, torch_ops.tree_accept_greedy, torch_ops.tree_accept_sampled,
+                      torch_ops.kv_compact)
+    try:
+        from kdbench.backends import cuda_ext
+    except Exception as exc:  # noqa: BLE001 - any import failure means "unavailable", with its reason
+        raise RuntimeError(f"backend 'cuda' is unavailable: {type(exc).__name__}: {exc}") from exc
+    build = cuda_ext.tree_build if policy.kind == "ddtree" else torch_build
+    return Stages("cuda", "cuda", build, cuda_ext.tree_accept_greedy, cuda_ext.tree_accept_sampled,
+                  cuda_ext.kv_compact)

@@ -1,0 +1,158 @@
+"""The target MLA + MoE decoder in torch and its batched latent KV cache.
+
+One forward(tokens [B, T], positions [B, T], cache, past_lens [B], anc) serves prefill (anc None, causal,
+naive attention), AR decode (T = 1) and tree verify (anc = ancestor bits; absorbed attention).
+float64 on CPU matches references/model.py; bf16 on GPU is the benchmark configuration.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import numpy as np
+import torch
+
+from kdbench.references.model import init_weights as _np_init_weights
+from kdbench.references.model_config import ModelConfig
+
+from .mla import (HALF, attention_absorbed, attention_cuda, attention_naive, inv_freq, mla_project, rms_norm,
+                  split_wkv_b, visible_mask, write_rows)
+from .moe import DISPATCH_MODES, moe_forward, swiglu
+from .weights import check_weights, from_numpy, init_weights
+
+ATTN_BACKENDS = ("torch", "cuda")
+
+
+@dataclass
+class LatentCache:
+    """kv[layer, b, s] = [rms-normed latent c_kv (dc) | rotated k_pe (dr)] of committed (and, during a
+    verify, tree) rows; lengths[b] = committed rows of request b. Zero-filled, so unwritten rows are finite."""
+    kv: torch.Tensor       # [layers, B, S_max, dc + dr]
+    lengths: torch.Tensor  # [B] int32
+
+    @classmethod
+    def allocate(cls, cfg: ModelConfig, batch: int, max_len: int, device, dtype: torch.dtype) -> "LatentCache":
+        kv = torch.zeros(cfg.n_layers, batch, max_len, cfg.kv_dim, device=device, dtype=dtype)
+        return cls(kv, torch.zeros(batch, dtype=torch.int32, device=device))
+
+    @property
+    def max_len(self) -> int:
+        return self.kv.shape[2]
+
+
+class ForwardOut(NamedTuple):
+    logits: torch.Tensor      # [B, T, V] (or [B, 1, V] with logit_rows); float32, float64 for a float64 model
+    taps: torch.Tensor | None  # [B, T, n_taps * d] residual after each tap layer, ascending layer order
+
+
+class Transformer:
+    """Weights (the references/model.py names) plus the static options of a forward pass."""
+
+    def __init__(self, cfg: ModelConfig, weights: dict[str, torch.Tensor], *, attn: str = "torch",
+                 tap_layers: tuple[int, ...] = (), moe_dispatch: str = "auto"):
+        check_weights(cfg, weights)
+        if attn not in ATTN_BACKENDS:
+            raise ValueError(f"attn must be one of {ATTN_BACKENDS}, got {attn!r}")
+        if moe_dispatch not in DISPATCH_MODES:
+            raise ValueError(f"moe_dispatch must be one of {DISPATCH_MODES}, got {moe_dispatch!r}")
+        if attn == "cuda":
+            check_cuda_attention(cfg)
+        self.cfg, self.w, self.attn, self.moe_dispatch = cfg, weights, attn, moe_dispatch
+        self.set_taps(tap_layers)
+        self.device, self.dtype = weights["embed"].device, weights["embed"].dtype
+        self.freqs = inv_freq(cfg, self.device)  # [dr/2] float64
+
+    @classmethod
+    def random(cls, cfg: ModelConfig, seed: int, device="cpu", dtype=torch.bfloat16, **kw) -> "Transformer":
+        """Seeded torch init on the device (fast for the real widths)."""
+        return cls(cfg, init_weights(cfg, seed, device, dtype), **kw)
+
+    @classmethod
+    def from_reference(cls, cfg: ModelConfig, seed: int, device="cpu", dtype=torch.float64, **kw) -> "Transformer":
+        """The numpy reference's weights for this seed (identical values; tiny presets)."""
+        return cls(cfg, from_numpy(_np_init_weights(cfg, seed), device, dtype), **kw)
+
+    def set_taps(self, tap_layers) -> None:
+        """Choose the layers whose residual output forward() returns (the drafter's context features)."""
+        bad = [i for i in tap_layers if not 0 <= i < self.cfg.n_layers]
+        if bad:
+            raise ValueError(f"tap layers {bad} outside [0, {self.cfg.n_layers})")
+        self.tap_layers = tuple(int(i) for i in tap_layers)
+
+    def new_cache(self, batch: int, max_len: int) -> LatentCache:
+        return LatentCache.allocate(self.cfg, batch, max_len, self.device, self.dtype)
+
+    def forward(self, tokens: torch.Tensor, positions: torch.Tensor, cache: LatentCache, past_lens: torch.Tensor,
+                anc: torch.Tensor | None = None, *, kv_limit: int | None = None,
+                logit_rows: torch.Tensor | None = None, attn: str | None = None,
+                tap_layers: tuple[int, ...] | None = None) -> ForwardOut:
+        """Run T new tokens per request; their cache rows are written at past_lens[b] + t (every layer).
+
+        anc [B, T, W] int64 ancestor bits (tree verify, absorbed attention); None = causal among the new
+        rows (T > 1: naive attention, the prefill form; T = 1: absorbed). kv_limit: keys beyond it are
+        skipped by the torch attention; it must be >= max(past_lens) + T (default: the whole cache).
+        logit_rows [B]: compute logits only at that row of each request (prefill's last prompt token).
+        attn / tap_layers override the model's defaults for this call.
+        """
+        B, T = tokens.shape
+        attn = attn or self.attn
+        tap_layers = self.tap_layers if tap_layers is None else tap_layers
+        S = cache.max_len if kv_limit is None else min(kv_limit, cache.max_len)
+        naive = anc is None and T > 1
+        if anc is None and not naive:
+            anc = torch.ones(B, 1, 1, dtype=torch.int64, device=tokens.device)
+        visible = None if (attn == "cuda" and not naive) else visible_mask(past_lens, T, S, anc)
+        h = self.w["embed"][tokens]  # [B, T, d] residual stream
+        taps = []
+        for i in range(self.cfg.n_layers):
+            p = f"layers.{i}."
+            x = rms_norm(h, self.w[p + "attn_norm"], self.cfg.rms_eps)
+            h = h + self._attention(i, x, positions, cache, past_lens, visible, anc, naive, attn, S)
+            h = h + self._ffn(i, rms_norm(h, self.w[p + "ffn_norm"], self.cfg.rms_eps))
+            if i in tap_layers:
+                taps.append(h)
+        hidden = rms_norm(h, self.w["norm"], self.cfg.rms_eps)
+        if logit_rows is not None:
+            rows = logit_rows.to(torch.int64).view(B, 1, 1).expand(B, 1, hidden.shape[-1])
+            hidden = torch.gather(hidden, 1, rows)  # [B, 1, d]
+        logits = hidden @ self.w["lm_head"].T
+        logits = logits.float() if logits.dtype in HALF else logits
+        return ForwardOut(logits, torch.cat(taps, dim=-1) if taps else None)
+
+    def _attention(self, layer, x, positions, cache, past_lens, visible, anc, naive, attn, S) -> torch.Tensor:
+        cfg, w = self.cfg, self.w
+        proj = mla_project(w, cfg, layer, x, positions, self.freqs)
+        write_rows(cache.kv[layer], past_lens, proj.kv_row)
+        w_uk, w_uv = split_wkv_b(w, cfg, layer)
+        if naive:
+            o = attention_naive(proj.q_nope, proj.q_pe, cache.kv[layer, :, :S], w_uk, w_uv, cfg, visible)
+        else:
+            q_lat = torch.einsum("bthn,hnc->bthc", proj.q_nope, w_uk)  # [B, T, H, dc]
+            if attn == "cuda":
+                o_lat = attention_cuda(q_lat, proj.q_pe, cache.kv[layer], past_lens, anc, cfg.softmax_scale)
+            else:
+                o_lat = attention_absorbed(q_lat, proj.q_pe, cache.kv[layer, :, :S], visible, cfg.softmax_scale,
+                                           cfg.kv_lora_rank)
+            o = torch.einsum("bthc,hvc->bthv", o_lat, w_uv)            # [B, T, H, dv]
+        return o.flatten(2) @ w[f"layers.{layer}.wo"].T
+
+    def _ffn(self, layer: int, x: torch.Tensor) -> torch.Tensor:
+        B, T, d = x.shape
+        if self.cfg.is_moe_layer(layer):
+            return moe_forward(self.w, self.cfg, layer, x.reshape(B * T, d), self.moe_dispatch).view(B, T, d)
+        p = f"layers.{layer}.mlp."
+        return swiglu(x, self.w[p + "w1"], self.w[p + "w2"], self.w[p + "w3"])
+
+
+def check_cuda_attention(cfg: ModelConfig) -> None:
+    """The tree_verify_mla kernel handles the DeepSeek latent shape only."""
+    if (cfg.kv_lora_rank, cfg.qk_rope_dim) != (512, 64):
+        raise ValueError(f"{cfg.name}: the cuda attention needs kv_lora_rank 512 and qk_rope_dim 64, got "
+                         f"{cfg.kv_lora_rank} and {cfg.qk_rope_dim}; use attn='torch'")
+
+
+def to_numpy_cache(cache: LatentCache, b: int, length: int, cfg: ModelConfig) -> tuple[list, list]:
+    """Request b's first `length` rows as the reference's per-layer (c_kv, k_pe) lists (float64)."""
+    kv = cache.kv[:, b, :length].to("cpu", torch.float64).numpy()
+    return ([np.ascontiguousarray(kv[i, :, :cfg.kv_lora_rank]) for i in range(cfg.n_layers)],
+            [np.ascontiguousarray(kv[i, :, cfg.kv_lora_rank:]) for i in range(cfg.n_layers)])
