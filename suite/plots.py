@@ -9,7 +9,7 @@ import math
 
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
-from matplotlib.ticker import NullFormatter
+from matplotlib.ticker import MaxNLocator, NullFormatter
 
 DPI = 90
 
@@ -121,6 +121,7 @@ def histogram(series: dict[str, dict[int, float]], xlabel: str) -> str | None:
         xs = sorted(hist)
         ax.bar([x + (i - (len(series) - 1) / 2) * width for x in xs], [hist[x] for x in xs], width=width,
                label=label)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel(xlabel)
     ax.set_ylabel("fraction of steps")
     ax.legend(fontsize=7)

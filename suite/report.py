@@ -54,6 +54,11 @@ def fmt_pct(x) -> str:
     return "–" if _missing(x) else f"{x:.3g}%"
 
 
+def fmt_change(pct) -> str:
+    """A signed relative change in percent: +20.3%, -4.1%."""
+    return "–" if _missing(pct) else f"{pct:+.1f}%"
+
+
 def cell(value, fmt: str = "text") -> str:
     """The one cell formatter the templates use: text | num | time | pct | int."""
     if fmt == "time":
@@ -68,7 +73,7 @@ def cell(value, fmt: str = "text") -> str:
 def environment() -> jinja2.Environment:
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATES)), autoescape=True,
                              undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True)
-    env.filters.update(cell=cell, num=fmt_num, time=fmt_time, pct=fmt_pct)
+    env.filters.update(cell=cell, num=fmt_num, time=fmt_time, pct=fmt_pct, change=fmt_change)
     return env
 
 
