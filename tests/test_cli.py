@@ -36,7 +36,7 @@ cases:
 
 @pytest.fixture()
 def scenario(tmp_path) -> Path:
-    path = tmp_path / "cli <b>test</b>.yaml"
+    path = tmp_path / "cli test.yaml"   # a space: repro commands must quote paths
     path.write_text(SCENARIO)
     return path
 
