@@ -101,6 +101,9 @@ def atomic_write_text(path: Path, text: str) -> None:
     """Write via a temp file in the same directory and os.replace: readers never see half a file."""
     path = Path(path)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(tmp, 0o666 & ~umask)   # mkstemp makes 0600; results are for reviewers to read
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
             fh.write(text)
