@@ -196,8 +196,8 @@ KERNEL_COLUMNS = [
     ("max abs", "max_abs", "num"), ("max rel", "max_rel", "num"), ("rel L2", "rel_l2", "num"),
     ("% outside", "pct_outside", "pct"), ("median", "time_median_s", "time"), ("p20", "time_p20_s", "time"),
     ("p80", "time_p80_s", "time"), ("n", "n_samples", "int"), ("GB/s", "gb_per_s", "num"),
-    ("TFLOP/s", "tflop_per_s", "num"), ("floor", "floor_s", "time"), ("% of floor rate", "pct_of_floor_rate", "pct"),
-    ("SM MHz", "sm_clock_mhz", "num"), ("throttle", "throttle", "text"), ("worst / reason", "note", "text"),
+    ("TFLOP/s", "tflop_per_s", "num"), ("floor", "floor_s", "time"),
+    ("% of floor rate", "pct_of_floor_rate", "pct"), ("SM MHz", "sm_clock_mhz", "num"), ("throttle", "throttle", "text"), ("worst / reason", "note", "text"),
 ]
 
 
@@ -246,10 +246,13 @@ def generation_section(kind: str, recs: list[Record]) -> dict:
     rows = [_row(r, policy=s.get("policy", ""), budget=s.get("budget"), per_depth=_per_depth(r))
             for r, s in zip(recs, shapes)]
     plot_list = []
+    _, others = _varying(shapes)
+    split = [k for k in others if k not in ("budget", "policy")]   # e.g. category, temperature
     tau: dict[str, list[tuple]] = {}
     for r, s in zip(recs, shapes):
         if not _missing(r.tau) and "budget" in s:
-            tau.setdefault(f"{s.get('policy', '?')} ({r.backend})", []).append((s["budget"], r.tau))
+            label = " ".join([f"{s.get('policy', '?')} ({r.backend})"] + [f"{k}={s.get(k)}" for k in split])
+            tau.setdefault(label, []).append((s["budget"], r.tau))
     uri = plots.lines(tau, "tree budget (nodes)", "tau (tokens per step, bonus included)")
     if uri:
         plot_list.append({"title": "tau vs budget per policy", "uri": uri,

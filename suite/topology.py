@@ -33,13 +33,19 @@ def _nvlinks(nv, handle) -> tuple[list[str], int]:
         try:
             if nv.nvmlDeviceGetNvLinkState(handle, link) != nv.NVML_FEATURE_ENABLED:
                 continue
-            kind = nv.nvmlDeviceGetNvLinkRemoteDeviceType(handle, link)
         except nv.NVMLError:
             continue   # link index past this GPU's links, or NVLink not supported at all
+        try:
+            kind = nv.nvmlDeviceGetNvLinkRemoteDeviceType(handle, link)
+        except nv.NVMLError:
+            kind = None   # older driver: fall back to the remote PCI id, which only matches a peer GPU
         if kind == nv.NVML_NVLINK_DEVICE_TYPE_SWITCH:
             to_switch += 1
-        elif kind == nv.NVML_NVLINK_DEVICE_TYPE_GPU:
+            continue
+        try:
             peers.append(_bus_id(nv.nvmlDeviceGetNvLinkRemotePciInfo(handle, link)))
+        except nv.NVMLError:
+            continue
     return peers, to_switch
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from kdbench import nightly, regress
+from kdbench import nightly
 from kdbench.errors import UserError
 from kdbench.regress import compare, mann_whitney_u, min_p_value, rankdata, render_compare
 from kdbench.results import Record, RunWriter

@@ -125,7 +125,9 @@ def fake_pynvml():
         return links[h][i]
     nv.nvmlDeviceGetNvLinkState = lambda h, i: link(h, i) and 1
     nv.nvmlDeviceGetNvLinkRemoteDeviceType = lambda h, i: 2 if link(h, i)[0] == "switch" else 0
-    nv.nvmlDeviceGetNvLinkRemotePciInfo = lambda h, i: types.SimpleNamespace(busId=bus[link(h, i)[1]][4:])
+    switch_bus = "00000000:FF:00.0"          # what NVML reports as the far end of a switch link
+    nv.nvmlDeviceGetNvLinkRemotePciInfo = lambda h, i: types.SimpleNamespace(
+        busId=(switch_bus if link(h, i)[1] is None else bus[link(h, i)[1]])[4:])
     nv.nvmlDeviceGetTopologyCommonAncestor = lambda a, b: 30 if {a, b} == {0, 1} else 50
     nv.nvmlDeviceGetP2PStatus = lambda a, b, idx: 0 if {a, b} in ({0, 1}, {2, 3}) else 1
     return nv
@@ -143,6 +145,15 @@ def test_gpu_pairs_from_fake_nvml(monkeypatch):
     text = topology.matrix_text()
     assert text.splitlines()[1].split() == ["GPU0", "X", "NV18", "SYS", "SYS"]
     assert text.splitlines()[3].split() == ["GPU2", "SYS", "SYS", "X", "NV4"]
+
+
+def test_direct_links_found_without_the_remote_type_query(monkeypatch):
+    nv = fake_pynvml()
+    nv.nvmlDeviceGetNvLinkRemoteDeviceType = lambda h, i: (_ for _ in ()).throw(NVMLError("Not Supported"))
+    monkeypatch.setitem(sys.modules, "pynvml", nv)
+    pairs = {(p["a"], p["b"]): p for p in topology.gpu_pairs()}
+    assert pairs[(2, 3)]["nvlinks"] == 4
+    assert pairs[(0, 1)]["link"] == "pcie"      # switch links cannot be told apart without the type query
 
 
 def test_topology_without_nvml_is_empty_with_reason(monkeypatch):
