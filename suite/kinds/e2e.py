@@ -1,0 +1,87 @@
+"""e2e kind: per-step latency by stage (draft, build, verify, accept, compact, commit), tokens/s, speedup
+over AR on the same backend, TTFT / TPOT, the predicted speedup tau * t_AR / t_step beside the measured one,
+and energy per committed token. Formulas: plans/0005-measurement.md."""
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+
+import numpy as np
+
+from kdbench import timing
+from kdbench.engine.stages import Policy
+from kdbench.kinds import generation as gen
+from kdbench.results import Record
+
+WARMUP_TOKENS = 4   # one short generate() per policy before timing: allocator, kernels, JIT
+
+
+def run(case, ctx) -> Iterator[Record]:
+    for backend in case.backends:
+        yield from _run_backend(case, ctx, backend)
+
+
+def _run_backend(case, ctx, backend: str) -> Iterator[Record]:
+    from kdbench.telemetry import Sampler
+    s = case.shape
+    model = gen.target(case, ctx)
+    all_prompts = gen.prompts(case, model.cfg.vocab_size)
+    ar_policy, policy = Policy(kind="ar"), gen.policy_of(s)
+    _warm(model, None, all_prompts, s, ar_policy, backend)
+    with Sampler() as ar_tel:
+        ar = gen.run_batched(model, None, all_prompts, s, ar_policy, backend, case.seed)
+    make = gen.drafter_factory(case, ctx, model, all_prompts, ar)
+    _warm(model, make(0, min(s.batch, len(all_prompts))), all_prompts, s, policy, backend)
+    with Sampler() as spec_tel:
+        spec = gen.run_batched(model, make, all_prompts, s, policy, backend, case.seed)
+    ar_rec = _timed_record(case, ctx, backend, ar, "ar", ar_tel.summary())
+    rec = _timed_record(case, ctx, backend, spec, policy.label, spec_tel.summary())
+    stats = gen.step_stats(spec, s.draft_len)
+    rec.tau = stats.tau
+    rec.speedup_vs_ar = rec.tokens_per_s / ar_rec.tokens_per_s
+    rec.predicted_speedup = stats.tau * ar_rec.time_median_s / rec.time_median_s
+    rec.extra.update({"per_depth_accept": stats.per_depth, "accept_len_hist": stats.hist,
+                      "drafter": make(0, 1).name, "tau_convention": "tau counts the bonus token",
+                      "ar_tokens_per_s": ar_rec.tokens_per_s, "ar_step_median_s": ar_rec.time_median_s})
+    if s.temperature == 0:
+        rec.lossless = gen.first_divergence(ar, spec)
+        if rec.lossless != "yes":
+            rec.status, rec.reason = "fail", f"greedy speculative output differs from AR: {rec.lossless}"
+    yield ar_rec
+    yield rec
+
+
+def _warm(model, drafter, all_prompts, s, policy, backend) -> None:
+    from kdbench.engine.engine import generate
+    n = min(WARMUP_TOKENS, s.max_new_tokens)
+    generate(model, drafter, all_prompts[:s.batch], n, policy, s.temperature, 0, backend)
+
+
+def _timed_record(case, ctx, backend: str, results, label: str, tel: dict) -> Record:
+    """Step times are the sums of the stage times of each step (CUDA events on the GPU)."""
+    rec = gen.base_record(case, ctx, backend)
+    rec.family = label
+    steps = [st for r in results for st in r.steps]
+    step_s = [sum(st.stage_ns.values()) * 1e-9 for st in steps]
+    t = timing.summarize(step_s)
+    rec.time_median_s, rec.time_p20_s, rec.time_p80_s = t.median_s, t.p20_s, t.p80_s
+    rec.samples_s, rec.n_samples = step_s, len(step_s)
+    decode_tokens = sum(t for st in steps for t in st.tau)
+    decode_s = float(np.sum(step_s))
+    rec.tokens_per_s = decode_tokens / decode_s if decode_s > 0 else math.nan
+    prefill = [r.prefill_ns * 1e-9 for r in results]
+    rec.ttft_s = float(np.mean(prefill))
+    per_batch_decode = decode_s / max(len(results), 1)
+    rec.tpot_s = per_batch_decode / max(case.shape.max_new_tokens - 1, 1)
+    stage_tot: dict[str, float] = {}
+    for st in steps:
+        for k, v in st.stage_ns.items():
+            stage_tot[k] = stage_tot.get(k, 0.0) + v * 1e-9
+    rec.extra["stage_s"] = {k: v / max(len(steps), 1) for k, v in stage_tot.items()}
+    rec.extra["policy"] = label
+    rec.energy_j_per_token = tel.get("energy_j", math.nan) / decode_tokens if decode_tokens else math.nan
+    for key in ("sm_clock_mhz", "mem_clock_mhz", "power_w", "temp_c"):
+        setattr(rec, key, tel.get(key, math.nan))
+    rec.throttle = tel.get("throttle", "") or ""
+    rec.status = "info"
+    return rec

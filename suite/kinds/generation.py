@@ -1,0 +1,134 @@
+"""Shared set-up of the model-level kinds (acceptance, e2e): the target, prompts by category, the AR
+baseline (cached per run), the drafter, and the per-step statistics both kinds report."""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from kdbench.config import derive_seed
+from kdbench.engine.engine import generate, target_from_preset
+from kdbench.engine.records import GenerateResult
+from kdbench.engine.stages import Policy
+from kdbench.model.drafter import BlockDrafter
+from kdbench.model.synthetic import SyntheticDrafter
+from kdbench.results import Record
+
+CATEGORIES = ("random", "repetitive")
+SYNTHETIC_RANKS = 8   # the synthetic drafter places the true token at rank k with prob q (1-q)^k, k < 8
+
+
+def model_dtype(device: str, shape) -> torch.dtype:
+    """float64 for tiny presets on the CPU (exact comparisons), bf16 on the GPU, float32 otherwise."""
+    if device == "cuda":
+        return torch.bfloat16
+    return torch.float64 if shape.model.startswith("tiny") else torch.float32
+
+
+def target(case, ctx):
+    """The random target of the case's preset, built once per run (the engine picks the attention backend
+    per call, so torch and cuda cases share it). Older targets are dropped: one real-width model at a time."""
+    s = case.shape
+    key = ("target", s.model, ctx.device)
+    if key not in ctx.cache:
+        for old in [k for k in ctx.cache if isinstance(k, tuple) and k[0] in ("target", "ar")]:
+            del ctx.cache[old]
+        ctx.cache[key] = target_from_preset(s.model, derive_seed(case.scenario, s.model), device=ctx.device,
+                                            dtype=model_dtype(ctx.device, s))
+    return ctx.cache[key]
+
+
+def prompts(case, vocab: int) -> list[list[int]]:
+    """`prompts` prompts of `prompt_len` tokens. random: uniform tokens; repetitive: a short random motif
+    repeated (the kind of context where drafters do best)."""
+    s = case.shape
+    rng = np.random.default_rng(derive_seed(case.scenario, "prompts", s.category, s.prompt_len, s.prompts))
+    out = []
+    for _ in range(s.prompts):
+        if s.category == "repetitive":
+            motif = rng.integers(0, vocab, size=int(rng.integers(3, 8)))
+            out.append([int(t) for t in np.resize(motif, s.prompt_len)])
+        else:
+            out.append([int(t) for t in rng.integers(0, vocab, size=s.prompt_len)])
+    return out
+
+
+def ar_baseline(case, ctx, model, backend: str, batch_prompts) -> GenerateResult:
+    s = case.shape
+    key = ("ar", s.model, backend, s.category, s.prompt_len, s.prompts, s.max_new_tokens, s.batch, s.temperature)
+    if key not in ctx.cache:
+        ctx.cache[key] = run_batched(model, None, batch_prompts, s, Policy(kind="ar"), backend, case.seed)
+    return ctx.cache[key]
+
+
+def run_batched(model, make_drafter, all_prompts, s, policy: Policy, backend: str, seed: int
+                ) -> list[GenerateResult]:
+    """generate() over the prompts in batches of s.batch (one GenerateResult per batch);
+    make_drafter(first, last) builds the drafter for prompts[first:last] (None for AR)."""
+    out = []
+    for i in range(0, len(all_prompts), s.batch):
+        chunk = all_prompts[i:i + s.batch]
+        drafter = make_drafter(i, i + len(chunk)) if make_drafter else None
+        out.append(generate(model, drafter, chunk, s.max_new_tokens, policy, s.temperature, seed + i, backend))
+    return out
+
+
+def policy_of(s) -> Policy:
+    return Policy(kind=s.policy, budget=s.budget, max_width=s.max_width if s.policy == "ddtree_width_capped" else 0,
+                  branching=tuple(s.branching) if s.policy == "static_kary" else ())
+
+
+def drafter_factory(case, ctx, model, all_prompts, ar: list[GenerateResult]):
+    """A function (first, last) -> the drafter for prompts[first:last]. The synthetic drafter's oracle is
+    the prompt + the target's AR continuation; the block drafter is random (untrained) and shared."""
+    s = case.shape
+    if s.drafter == "block":
+        block = BlockDrafter.random(model, derive_seed(case.scenario, "drafter"), block_size=s.draft_len + 1)
+        return lambda first, last: block
+    tokens = [t for r in ar for t in r.tokens]
+    oracle = [p + t for p, t in zip(all_prompts, tokens)]
+    q = s.quality
+    ranks = tuple(q * (1 - q) ** k for k in range(SYNTHETIC_RANKS)) if q < 1 else (1.0,)
+    return lambda first, last: SyntheticDrafter(
+        oracle[first:last], model.cfg.vocab_size, depth=s.draft_len, quality=max(q, 1e-6), rank_probs=ranks,
+        seed=case.seed + first, device=ctx.device)
+
+
+@dataclass
+class StepStats:
+    tau: float                    # mean tokens committed per (request, step), counting the bonus token
+    per_depth: list[float]        # P(accepted depth >= d), d = 1..L, over (request, step) pairs
+    hist: dict[int, int]          # accept length (tau of one step) -> count
+    steps: int
+    mean_tree: float
+
+
+def step_stats(results: list[GenerateResult], depth: int) -> StepStats:
+    taus = np.array([t for r in results for st in r.steps for t in st.tau if t > 0])
+    sizes = [z for r in results for st in r.steps for z, t in zip(st.tree_size, st.tau) if t > 0]
+    if taus.size == 0:
+        return StepStats(float("nan"), [], {}, 0, float("nan"))
+    per_depth = [float((taus - 1 >= d).mean()) for d in range(1, depth + 1)]
+    values, counts = np.unique(taus, return_counts=True)
+    return StepStats(float(taus.mean()), per_depth, {int(v): int(c) for v, c in zip(values, counts)},
+                     int(taus.size), float(np.mean(sizes)))
+
+
+def first_divergence(ar: list[GenerateResult], spec: list[GenerateResult]) -> str:
+    """'yes' when every prompt's tokens equal AR's, else 'no (prompt i, position p)' for the first one."""
+    ar_t = [t for r in ar for t in r.tokens]
+    sp_t = [t for r in spec for t in r.tokens]
+    for i, (a, b) in enumerate(zip(ar_t, sp_t)):
+        if a != b:
+            pos = next((k for k, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+            return f"no (prompt {i}, position {pos})"
+    return "yes"
+
+
+def base_record(case, ctx, backend: str) -> Record:
+    dtype = str(model_dtype(ctx.device, case.shape)).replace("torch.", "")
+    return Record(case.scenario, case.kind, case.name, case.family, backend, dtype, ctx.device_name,
+                  shape=json.dumps(case.shape_dict(), separators=(",", ":")), seed=case.seed,
+                  repro=ctx.repro(case))
