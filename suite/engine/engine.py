@@ -38,12 +38,14 @@ class _Run:
 
 
 def generate(model: Transformer, drafter, prompts: list[list[int]], max_new_tokens: int, policy: Policy,
-             temperature: float = 0.0, seed: int = 0, backend: str = "torch") -> GenerateResult:
+             temperature: float = 0.0, seed: int = 0, backend: str = "torch", *,
+             keep_state: bool = False) -> GenerateResult:
     """Generate max_new_tokens per prompt with the target's rule (argmax at T = 0, samples at T > 0).
 
     drafter: a BlockDrafter or SyntheticDrafter (None for policy kind "ar"). Ragged prompts are right-padded
     in one batched prefill. Speculative results are lossless: the tokens equal AR decoding's (T = 0) or
     follow its distribution (T > 0). max_new_tokens 0 returns empty token lists and no steps.
+    keep_state=True keeps the final EngineState (KV cache included) in result.state, for tests.
     Raises ValueError on bad arguments (empty prompts, tokens outside the vocabulary, a missing
     drafter, sequences beyond the model's max_seq_len, a negative temperature).
     """
@@ -71,6 +73,7 @@ def generate(model: Transformer, drafter, prompts: list[list[int]], max_new_toke
         result.steps.append(StepRecord(len(result.steps), tuple(tau), tuple(max(t - 1, 0) for t in tau),
                                        tuple(size), stage_ns))
     result.tokens = state.tokens()
+    result.state = state if keep_state else None
     return result
 
 

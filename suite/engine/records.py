@@ -29,6 +29,7 @@ class GenerateResult:
     drafter: str = ""                # drafter name, e.g. "synthetic(q=0.8)"; "" for AR
     temperature: float = 0.0
     backend: str = "torch"
+    state: object = None             # the final EngineState when generate(keep_state=True)
 
     @property
     def mean_tau(self) -> float:

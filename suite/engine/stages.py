@@ -76,8 +76,8 @@ class Stages:
 
 def get_stages(backend: str, policy: Policy) -> Stages:
     """The stage callables for `backend`. "cuda" uses the kernels where they exist (the CUDA build is
-    DDTree's Algorithm 1 only; other policies use the torch host build) and raises RuntimeError naming
-    the import failure when the extension is unavailable."""
+    DDTree's Algorithm 1 only; other policies use the torch host build) and raises ExtensionUnavailable
+    (a RuntimeError) with the reason when the extension cannot be built or used here."""
     if backend not in BACKENDS:
         raise ValueError(f"unknown backend {backend!r}; valid backends: {', '.join(BACKENDS)}")
     build_one = policy.build_one() if policy.kind != "ar" else None
@@ -88,10 +88,10 @@ def get_stages(backend: str, policy: Policy) -> Stages:
     if backend == "torch":
         return Stages("torch", "torch", torch_build, torch_ops.tree_accept_greedy, torch_ops.tree_accept_sampled,
                       torch_ops.kv_compact)
-    try:
-        from kdbench.backends import cuda_ext
-    except Exception as exc:  # noqa: BLE001 - any import failure means "unavailable", with its reason
-        raise RuntimeError(f"backend 'cuda' is unavailable: {type(exc).__name__}: {exc}") from exc
+    from kdbench.backends import cuda_build, cuda_ext  # noqa: PLC0415 (torch-only machines never need them)
+    reason = cuda_build.unavailable_reason()  # builds (or reuses) the extension once per process
+    if reason:
+        raise cuda_build.ExtensionUnavailable(f"backend 'cuda' is unavailable: {reason}")
     build = cuda_ext.tree_build if policy.kind == "ddtree" else torch_build
     return Stages("cuda", "cuda", build, cuda_ext.tree_accept_greedy, cuda_ext.tree_accept_sampled,
                   cuda_ext.kv_compact)

@@ -197,6 +197,7 @@ class BlockDrafter:
         k, v = k.repeat_interleave(group, dim=2), v.repeat_interleave(group, dim=2)  # [B, S + T, H, hd]
         scores = torch.einsum("bthd,bshd->bhts", q, k).to(compute_dtype(q.dtype)) * dc.head_dim ** -0.5
         probs = torch.softmax(scores.masked_fill(~visible[:, None, None, :], float("-inf")), dim=-1)
+        v = v.masked_fill(~visible[:, :, None, None], 0.0)  # 0 * NaN = NaN: unseen rows must be zeros
         o = torch.einsum("bhts,bshd->bthd", probs.to(v.dtype), v)
         return o.flatten(2) @ self.w[p + "wo"].T
 

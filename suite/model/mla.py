@@ -99,6 +99,11 @@ def visible_mask(past_lens: torch.Tensor, T: int, S: int, anc: torch.Tensor | No
     return (rel < 0)[:, None, :] | (in_tree[:, None, :] & (bits & 1).bool())
 
 
+def zero_unseen(kv: torch.Tensor, visible: torch.Tensor) -> torch.Tensor:
+    """kv [B, S, D] with the rows no query sees (visible [B, T, S]) zeroed, so 0 * NaN never reaches an output."""
+    return kv.masked_fill(~visible.any(dim=1)[..., None], 0.0)
+
+
 def _softmax_rows(scores: torch.Tensor, visible: torch.Tensor) -> torch.Tensor:
     """scores [B, T, H, S] (scaled) -> probabilities in compute_dtype, 0 where not visible."""
     s = scores.to(compute_dtype(scores.dtype)).masked_fill(~visible[:, :, None, :], float("-inf"))
@@ -107,6 +112,7 @@ def _softmax_rows(scores: torch.Tensor, visible: torch.Tensor) -> torch.Tensor:
 
 def attention_naive(q_nope, q_pe, kv, w_uk, w_uv, cfg: ModelConfig, visible) -> torch.Tensor:
     """Per-head K/V from the latent. kv [B, S, dc+dr]; visible [B, T, S]. Returns o [B, T, H, dv]."""
+    kv = zero_unseen(kv, visible)
     c_kv, k_pe = kv[..., :cfg.kv_lora_rank], kv[..., cfg.kv_lora_rank:]
     k_nope = torch.einsum("bsc,hnc->bshn", c_kv, w_uk)  # [B, S, H, dn]
     v = torch.einsum("bsc,hvc->bshv", c_kv, w_uv)       # [B, S, H, dv]
@@ -117,6 +123,7 @@ def attention_naive(q_nope, q_pe, kv, w_uk, w_uv, cfg: ModelConfig, visible) -> 
 
 def attention_absorbed(q_lat, q_pe, kv, visible, scale: float, dc: int) -> torch.Tensor:
     """MQA over the shared key [c_kv | k_pe] and value c_kv. q_lat [B,T,H,dc]; returns o_lat [B,T,H,dc]."""
+    kv = zero_unseen(kv, visible)
     q = torch.cat((q_lat, q_pe), dim=-1).flatten(1, 2)         # [B, T*H, dc+dr]
     scores = torch.bmm(q, kv.transpose(1, 2)).unflatten(1, (q_lat.shape[1], q_lat.shape[2]))  # [B,T,H,S]
     p = _softmax_rows(scale * scores, visible).to(kv.dtype)

@@ -35,7 +35,8 @@ class SyntheticDrafter:
         self.name = f"synthetic(q={quality:g}{ranks})"
         slope = max(math.log1p(-quality), MIN_LOG_RATIO) if quality < 1.0 else MIN_LOG_RATIO
         self.rank_logit = slope * torch.arange(vocab_size, dtype=torch.float32, device=self.device)  # [V]
-        self.rank_w = torch.tensor(self.rank_probs, dtype=torch.float32, device=self.device)
+        w = torch.tensor(self.rank_probs, dtype=torch.float64)
+        self.rank_cdf = (torch.cumsum(w, 0) / w.sum()).float().to(self.device)  # [R]
         self.gen = self.table = self.table_len = None
 
     @property
@@ -72,7 +73,8 @@ class SyntheticDrafter:
         perm = torch.argsort(noise, dim=-1)                                      # token at each rank
         logits = torch.empty(B, L, V, dtype=torch.float32, device=self.device)
         logits.scatter_(-1, perm, self.rank_logit.expand(B, L, V))
-        rank = torch.multinomial(self.rank_w, B * L, replacement=True, generator=self.gen).view(B, L, 1)
+        u = torch.rand(B, L, 1, generator=self.gen, device=self.device)                # rank by inverse CDF:
+        rank = torch.searchsorted(self.rank_cdf, u, right=True).clamp_(max=len(self.rank_probs) - 1)  # no sync
         displaced = perm.gather(-1, rank)                                        # token now at rank r
         true = torch.where((true >= 0) & (pos < self.table.shape[1]), true, displaced[..., 0])[..., None]
         logits.scatter_(-1, displaced, logits.gather(-1, true))                  # swap the two tokens

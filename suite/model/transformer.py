@@ -9,7 +9,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import NamedTuple
 
-import numpy as np
 import torch
 
 from kdbench.references.model import init_weights as _np_init_weights
@@ -150,9 +149,3 @@ def check_cuda_attention(cfg: ModelConfig) -> None:
         raise ValueError(f"{cfg.name}: the cuda attention needs kv_lora_rank 512 and qk_rope_dim 64, got "
                          f"{cfg.kv_lora_rank} and {cfg.qk_rope_dim}; use attn='torch'")
 
-
-def to_numpy_cache(cache: LatentCache, b: int, length: int, cfg: ModelConfig) -> tuple[list, list]:
-    """Request b's first `length` rows as the reference's per-layer (c_kv, k_pe) lists (float64)."""
-    kv = cache.kv[:, b, :length].to("cpu", torch.float64).numpy()
-    return ([np.ascontiguousarray(kv[i, :, :cfg.kv_lora_rank]) for i in range(cfg.n_layers)],
-            [np.ascontiguousarray(kv[i, :, cfg.kv_lora_rank:]) for i in range(cfg.n_layers)])

@@ -1,0 +1,160 @@
+"""The torch target model (suite/model) against the float64 numpy reference: prefill, decode and tree verify
+(batched, ragged), routing, expert dispatch, weights init and KDTR round trip."""
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+import torch
+
+from kdbench.model import moe as tmoe
+from kdbench.model import weights as tw
+from kdbench.model.presets import get_preset
+from kdbench.model.transformer import Transformer
+from kdbench.references import model as ref
+from kdbench.references import moe as ref_moe
+from kdbench.references import tree_build as ref_tb
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    """Two shared CPU cores: one intra-op thread avoids oversubscription stalls (up to 10x under load)."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+REL = 1e-9  # float64 torch vs float64 numpy: different summation orders only
+
+
+def _rel_err(got, want) -> float:
+    got, want = np.asarray(got, dtype=np.float64), np.asarray(want, dtype=np.float64)
+    return float(np.abs(got - want).max() / max(np.abs(want).max(), 1e-300))
+
+
+@pytest.fixture(scope="module", params=["tiny", "tiny-groups"])
+def setup(request):
+    cfg = get_preset(request.param)
+    seed = 5
+    taps = tuple(range(cfg.n_layers))
+    return cfg, ref.init_weights(cfg, seed), Transformer.from_reference(cfg, seed, tap_layers=taps)
+
+
+def _prefill_batch(model, prompts, max_len=64):
+    B, P = len(prompts), max(len(p) for p in prompts)
+    tokens = torch.zeros(B, P, dtype=torch.int64)
+    for b, p in enumerate(prompts):
+        tokens[b, :len(p)] = torch.tensor(p)
+    lens = torch.tensor([len(p) for p in prompts], dtype=torch.int32)
+    cache = model.new_cache(B, max_len)
+    out = model.forward(tokens, torch.arange(P).expand(B, P), cache, torch.zeros(B, dtype=torch.int32))
+    cache.lengths.copy_(lens)
+    return out, cache
+
+
+def test_prefill_and_decode_match_reference(setup):
+    cfg, w_np, model = setup
+    rng = np.random.default_rng(1)
+    prompts = [rng.integers(0, cfg.vocab_size, n).tolist() for n in (7, 3, 11)]  # ragged
+    out, cache = _prefill_batch(model, prompts)
+    nxt = [int(t) for t in rng.integers(0, cfg.vocab_size, len(prompts))]
+    dec = model.forward(torch.tensor(nxt)[:, None], cache.lengths.long()[:, None], cache, cache.lengths)
+    for b, p in enumerate(prompts):
+        r_out, r_cache = ref.prefill(w_np, cfg, p)
+        assert _rel_err(out.logits[b, :len(p)], r_out.logits) < REL, f"prefill logits, request {b}"
+        taps = np.concatenate(list(r_out.layer_outputs), axis=-1)  # [T, n_layers * d]
+        assert _rel_err(out.taps[b, :len(p)], taps) < REL, f"prefill taps, request {b}"
+        r_dec = ref.decode(w_np, cfg, nxt[b], r_cache)
+        assert _rel_err(dec.logits[b], r_dec.logits) < REL, f"decode logits, request {b}"
+        kv = cache.kv[:, b, :len(p) + 1].numpy()  # the cache rows, every layer
+        want = np.stack([np.concatenate([c, k], -1) for c, k in zip(r_cache.c_kv, r_cache.k_pe)])
+        assert _rel_err(kv, want) < REL, f"cache rows, request {b}"
+
+
+def test_logit_rows_selects_last_prompt_token(setup):
+    cfg, _, model = setup
+    prompts = [[1, 2, 3, 4], [5, 6]]
+    full, _ = _prefill_batch(model, prompts)
+    cache = model.new_cache(2, 16)
+    tokens = torch.tensor([[1, 2, 3, 4], [5, 6, 0, 0]])
+    out = model.forward(tokens, torch.arange(4).expand(2, 4), cache, torch.zeros(2, dtype=torch.int32),
+                        logit_rows=torch.tensor([3, 1]))
+    assert out.logits.shape == (2, 1, cfg.vocab_size)
+    assert _rel_err(out.logits[0, 0], full.logits[0, 3]) < REL and _rel_err(out.logits[1, 0], full.logits[1, 1]) < REL
+
+
+def test_tree_verify_matches_reference(setup):
+    """Two requests with different trees and prefix lengths, padded to one N (padding rows present)."""
+    cfg, w_np, model = setup
+    rng = np.random.default_rng(2)
+    prompts = [rng.integers(0, cfg.vocab_size, n).tolist() for n in (6, 9)]
+    _, cache = _prefill_batch(model, prompts)
+    cache.kv[:, :, 21:] = float("nan")  # unused rows (inside kv_limit too) must never reach an output
+    trees = [ref_tb.build_tree(rng.standard_normal((4, cfg.vocab_size)), budget, root)
+             for budget, root in ((9, 17), (5, 40))]
+    N = 12
+    arrays = [ref_tb.pad_tree_arrays(t, N) for t in trees]
+    tokens = torch.tensor(np.stack([a["tokens"] for a in arrays]))
+    positions = cache.lengths.long()[:, None] + torch.tensor(np.stack([a["depths"] for a in arrays]))
+    anc = torch.tensor(np.stack([a["bitmask"] for a in arrays]).view(np.int64))
+    out = model.forward(tokens, positions, cache, cache.lengths, anc, kv_limit=32)
+    for b, (p, tree) in enumerate(zip(prompts, trees)):
+        _, r_cache = ref.prefill(w_np, cfg, p)
+        r = ref.tree_verify(w_np, cfg, tree.tokens, tree.depths, ref_tb.visibility(tree), r_cache)
+        assert _rel_err(out.logits[b, :tree.size], r.logits) < REL, f"tree logits, request {b}"
+        assert np.isfinite(out.logits[b].numpy()).all(), "padding rows must stay finite"
+
+
+def test_route_matches_reference_with_ties():
+    cfg = get_preset("tiny-groups")
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((40, cfg.hidden))
+    gate = rng.standard_normal((cfg.n_routed_experts, cfg.hidden)) / 8
+    gate[5] = gate[4]  # identical experts: exact score ties, broken by the lower index
+    gate[9] = gate[1]
+    bias = np.round(rng.standard_normal(cfg.n_routed_experts), 1) * 0.05
+    bias[5] = bias[4]
+    for c in (cfg, get_preset("tiny")):
+        g = gate[:c.n_routed_experts]
+        idx, wts = tmoe.route(torch.tensor(x), torch.tensor(g), torch.tensor(bias[:c.n_routed_experts]), c)
+        r_idx, r_w = ref_moe.route(x, g, bias[:c.n_routed_experts], c)
+        assert (idx.numpy() == r_idx).all(), f"{c.name}: routing indices differ"
+        assert _rel_err(wts, r_w) < 1e-12
+
+
+@pytest.mark.parametrize("dtype,atol", [(torch.float32, 2e-5)])
+def test_grouped_dispatch_equals_loop(dtype, atol):
+    """torch._grouped_mm over expert-sorted slots (the GPU path) equals the per-expert loop; CPU float32."""
+    cfg = dataclasses.replace(get_preset("tiny"), hidden=64, moe_intermediate=32, n_routed_experts=8)
+    w = tw.from_numpy(ref.init_weights(cfg, 4), dtype=dtype)
+    x = torch.randn(13, cfg.hidden, generator=torch.Generator().manual_seed(0), dtype=dtype)
+    if not tmoe._grouped_available(x, w["layers.1.experts.w1"]):
+        pytest.skip("torch._grouped_mm does not run on CPU float32 in this torch build")
+    loop = tmoe.moe_forward(w, cfg, 1, x, dispatch="loop")
+    grouped = tmoe.moe_forward(w, cfg, 1, x, dispatch="grouped")
+    torch.testing.assert_close(grouped, loop, atol=atol, rtol=1e-5)
+
+
+def test_torch_init_and_kdtr_roundtrip(tmp_path):
+    cfg = get_preset("tiny")
+    w = tw.init_weights(cfg, seed=1, dtype=torch.float32)
+    tw.check_weights(cfg, w)
+    assert abs(float(w["embed"].std()) - 1.0) < 0.05 and abs(float(w["layers.0.wo"].std()) * 8 - 1.0) < 0.1
+    assert torch.equal(w["embed"], tw.init_weights(cfg, seed=1, dtype=torch.float32)["embed"]), "seeded"
+    wb = {k: v.to(torch.bfloat16) if k != "layers.1.gate_bias" else v for k, v in w.items()}
+    for ws in (w, wb):
+        tw.save(tmp_path / "w.kdtr", ws)
+        back = tw.load(tmp_path / "w.kdtr")
+        assert all(torch.equal(back[k], ws[k]) and back[k].dtype == ws[k].dtype for k in ws)
+
+
+def test_bad_model_options():
+    cfg = get_preset("tiny")
+    w = tw.init_weights(cfg, 0)
+    with pytest.raises(ValueError, match="kv_lora_rank 512"):
+        Transformer(cfg, w, attn="cuda")
+    with pytest.raises(ValueError, match="tap layers"):
+        Transformer(cfg, w, tap_layers=(5,))
+    with pytest.raises(ValueError, match="missing"):
+        Transformer(cfg, {k: v for k, v in w.items() if k != "norm"})
