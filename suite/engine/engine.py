@@ -9,6 +9,7 @@ captured as a CUDA graph (one per kv_limit bucket). See plans/0003-engine.md.
 from __future__ import annotations
 
 import math
+import numbers
 import time
 from dataclasses import dataclass
 
@@ -105,7 +106,7 @@ def _validate(model, drafter, prompts, max_new_tokens, policy, temperature) -> N
     for i, p in enumerate(prompts):
         if len(p) == 0:
             raise ValueError(f"prompt {i} is empty (every prompt needs at least one token)")
-        bad = [t for t in p if not (isinstance(t, int) and 0 <= t < V)]
+        bad = [t for t in p if not (isinstance(t, numbers.Integral) and 0 <= t < V)]
         if bad:
             raise ValueError(f"prompt {i} has tokens outside [0, {V}): {bad[:5]}")
     if policy.kind != "ar":

@@ -4,6 +4,7 @@ imported only when asked for, with the reason when it is unavailable).
 """
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass
 from typing import Callable
 
@@ -25,6 +26,9 @@ class Policy:
     branching: tuple[int, ...] = ()
 
     def __post_init__(self):
+        if isinstance(self.budget, numbers.Integral) and not isinstance(self.budget, bool):
+            object.__setattr__(self, "budget", int(self.budget))  # numpy ints from sweeps are fine
+        object.__setattr__(self, "branching", tuple(int(b) for b in self.branching))
         if self.kind not in POLICY_KINDS:
             raise ValueError(f"unknown policy kind {self.kind!r}; valid kinds: {', '.join(POLICY_KINDS)}")
         if not isinstance(self.budget, int) or not 0 <= self.budget <= MAX_BUDGET:

@@ -104,9 +104,9 @@ def zero_unseen(kv: torch.Tensor, visible: torch.Tensor) -> torch.Tensor:
     return kv.masked_fill(~visible.any(dim=1)[..., None], 0.0)
 
 
-def _softmax_rows(scores: torch.Tensor, visible: torch.Tensor) -> torch.Tensor:
-    """scores [B, T, H, S] (scaled) -> probabilities in compute_dtype, 0 where not visible."""
-    s = scores.to(compute_dtype(scores.dtype)).masked_fill(~visible[:, :, None, :], float("-inf"))
+def _softmax_rows(scores: torch.Tensor, scale: float, visible: torch.Tensor) -> torch.Tensor:
+    """scores [B, T, H, S] (unscaled) -> softmax(scale * scores) in compute_dtype, 0 where not visible."""
+    s = (scores.to(compute_dtype(scores.dtype)) * scale).masked_fill(~visible[:, :, None, :], float("-inf"))
     return torch.softmax(s, dim=-1)
 
 
@@ -117,7 +117,7 @@ def attention_naive(q_nope, q_pe, kv, w_uk, w_uv, cfg: ModelConfig, visible) -> 
     k_nope = torch.einsum("bsc,hnc->bshn", c_kv, w_uk)  # [B, S, H, dn]
     v = torch.einsum("bsc,hvc->bshv", c_kv, w_uv)       # [B, S, H, dv]
     scores = torch.einsum("bthn,bshn->bths", q_nope, k_nope) + torch.einsum("bthr,bsr->bths", q_pe, k_pe)
-    p = _softmax_rows(cfg.softmax_scale * scores, visible).to(v.dtype)
+    p = _softmax_rows(scores, cfg.softmax_scale, visible).to(v.dtype)
     return torch.einsum("bths,bshv->bthv", p, v)
 
 
@@ -126,7 +126,7 @@ def attention_absorbed(q_lat, q_pe, kv, visible, scale: float, dc: int) -> torch
     kv = zero_unseen(kv, visible)
     q = torch.cat((q_lat, q_pe), dim=-1).flatten(1, 2)         # [B, T*H, dc+dr]
     scores = torch.bmm(q, kv.transpose(1, 2)).unflatten(1, (q_lat.shape[1], q_lat.shape[2]))  # [B,T,H,S]
-    p = _softmax_rows(scale * scores, visible).to(kv.dtype)
+    p = _softmax_rows(scores, scale, visible).to(kv.dtype)
     return torch.bmm(p.flatten(1, 2), kv[..., :dc]).view(q_lat.shape)
 
 
