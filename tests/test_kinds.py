@@ -1,0 +1,88 @@
+"""Every scenario kind runs on CPU with tiny shapes: acceptance (tau, per-depth, losslessness), e2e (per-stage
+times, speedup, predicted speedup), topology (schema only: skipped with the reason, link fields kept)."""
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from kdbench import runner
+from kdbench.results import load_records
+
+ACCEPTANCE = """
+name: acc
+kind: acceptance
+seed: 3
+cases:
+  - name: sweep
+    backends: [torch]
+    shape: {model: tiny, policy: ddtree, budget: 8, prompts: 2, prompt_len: 8, max_new_tokens: 12,
+            drafter: synthetic, quality: 0.7, batch: 2}
+    sweep: {shape.policy: [ddtree, chain, ddtree_width_capped, static_kary]}
+  - name: block
+    backends: [torch]
+    shape: {model: tiny-groups, policy: ddtree, budget: 4, prompts: 2, prompt_len: 5, max_new_tokens: 6,
+            drafter: block, batch: 1}
+"""
+
+E2E = """
+name: e2e
+kind: e2e
+seed: 4
+cases:
+  - name: ddtree
+    backends: [torch]
+    shape: {model: tiny, policy: ddtree, budget: 8, prompts: 2, prompt_len: 8, max_new_tokens: 10,
+            drafter: synthetic, quality: 0.8, batch: 2}
+"""
+
+TOPOLOGY = """
+name: topo
+kind: topology
+cases:
+  - name: tp-nvlink-vs-pcie
+    backends: [torch]
+    shape: {model: kimi-k2-slice-2, gpus: 2, parallel: tp}
+    sweep: {shape.link: [nvlink, pcie]}
+"""
+
+
+def _run(tmp_path, text: str, name: str):
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(text)
+    out = runner.run_scenarios([str(path)], str(tmp_path / name), "cpu", None, progress=False)
+    return out, load_records(tmp_path / name)
+
+
+def test_acceptance_kind(tmp_path):
+    out, recs = _run(tmp_path, ACCEPTANCE, "acc")
+    assert out.exit_code == 0, [(r.case, r.reason) for r in recs]
+    assert len(recs) == 5 and all(r.lossless == "yes" and r.status == "pass" for r in recs)
+    for r in recs:
+        depth = r.extra["per_depth_accept"]
+        assert len(depth) == 15 and all(a >= b for a, b in zip(depth, depth[1:]))
+        assert math.isclose(r.tau, 1 + sum(depth), rel_tol=1e-9)       # tau counts the bonus token
+        hist = r.extra["accept_len_hist"]
+        assert sum(hist.values()) == r.extra["steps"]
+    assert {r.family for r in recs} >= {"ddtree(B=8)", "chain(B=8)"}
+
+
+def test_e2e_kind(tmp_path):
+    out, recs = _run(tmp_path, E2E, "e2e")
+    assert out.exit_code == 0
+    ar, spec = recs
+    assert ar.family == "ar" and spec.family == "ddtree(B=8)"
+    assert spec.lossless == "yes" and spec.tau > 1
+    assert set(spec.extra["stage_s"]) >= {"draft", "build", "verify", "accept", "compact"}
+    assert spec.n_samples == len(spec.samples_s) > 0 and spec.time_median_s > 0
+    assert math.isclose(spec.speedup_vs_ar, spec.tokens_per_s / ar.tokens_per_s)
+    assert math.isclose(spec.predicted_speedup, spec.tau * ar.time_median_s / spec.time_median_s)
+    assert spec.ttft_s > 0 and spec.tpot_s > 0
+
+
+def test_topology_kind_is_schema_only_with_link_fields(tmp_path):
+    out, recs = _run(tmp_path, TOPOLOGY, "topo")
+    assert out.exit_code == 0
+    assert [r.link for r in recs] == ["nvlink", "pcie"]
+    assert all(r.status == "skipped" and "not implemented" in r.reason for r in recs)
+    assert "NCCL_P2P_DISABLE=1" in recs[1].extra["transport"]
