@@ -143,7 +143,7 @@ FAMILY_SHAPES = {
 }
 # Backends each family implements; the scenario loader checks case backends against these.
 FAMILY_BACKENDS = {
-    "tree_build": ("numpy_ref", "torch", "cuda"),
+    "tree_build": ("numpy_ref", "torch", "cpu_heap", "cuda"),   # cpu_heap: torch topk + the C++ heap
     "tree_verify_mla": ("numpy_ref", "torch", "torch_sdpa", "torch_twopass", "cuda"),
     "tree_accept": ("numpy_ref", "torch", "cuda"),
     "kv_compact": ("numpy_ref", "torch", "cuda"),

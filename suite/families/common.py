@@ -63,4 +63,7 @@ def backend_module(backend: str):
     if backend == "cuda":
         from kdbench.backends import cuda_ext
         return cuda_ext
+    if backend == "cpu_heap":
+        from kdbench.backends import cpu_heap
+        return cpu_heap
     raise KeyError(f"no stage module for backend {backend!r}")

@@ -1,7 +1,8 @@
 """tree_build family: draft logits [B, L, V] -> per-request DDTrees padded to N = max_budget + 1 rows.
 
 Backends: numpy_ref (the reference heap), torch (torch topk + logsumexp on the device, copy to the host,
-Python heap: what serving stacks do), cuda (the fused vocabulary pass + GPU best-first builder).
+Python heap: what serving stacks do), cpu_heap (the same with the C++ heap), cuda (the fused vocabulary pass
++ GPU best-first builder).
 """
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import numpy as np
 from kdbench.families import common
 from kdbench.references import tree_build as ref
 
-BACKENDS = ("numpy_ref", "torch", "cuda")
+BACKENDS = ("numpy_ref", "torch", "cpu_heap", "cuda")
 EXACT = ("tokens", "parents", "depths", "first_child", "next_sibling", "n_nodes", "anc")
 
 
