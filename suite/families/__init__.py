@@ -33,6 +33,12 @@ def backend_available(backend: str, device: str) -> tuple[bool, str]:
         return True, ""
     if backend.startswith("torch"):
         return True, ""
+    if backend == "cpu_heap":
+        try:
+            import kdbench._cpu_heap  # noqa: F401  (built by pip install from csrc/tree_build_cpu.cpp)
+        except ImportError as exc:
+            return False, f"the C++ heap extension is not built ({exc}); run pip install -e ."
+        return True, ""
     if backend == "cuda":
         if device != "cuda":
             return False, "the cuda backend needs --device cuda (a CUDA GPU)"
