@@ -68,6 +68,8 @@ def make_run_dir(out_dir: str | None, scenarios: list[config.Scenario]) -> Path:
         probe.unlink()
     except OSError as exc:
         raise UserError(f"--out {out_dir}: cannot write there ({exc.strerror or exc})") from None
+    for stale in ("records.jsonl", "results.csv", "report.html", "compare.html"):   # a rerun starts fresh
+        (path / stale).unlink(missing_ok=True)
     return path
 
 
