@@ -1,0 +1,97 @@
+// Small helpers shared by the raw CUDA launchers (tree_build, tree_accept, kv_compact): error
+// propagation, ceil_div, warp reductions and the order-preserving float key. No torch headers here.
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+// Return a failing cudaError_t to the caller instead of aborting; the torch layer turns it into an error.
+#define KDB_CUDA_TRY(expr)                        \
+  do {                                            \
+    cudaError_t kdb_err_ = (expr);                \
+    if (kdb_err_ != cudaSuccess) return kdb_err_; \
+  } while (0)
+
+// After a <<<...>>> launch: configuration errors (too much shared memory, bad grid) surface here.
+#define KDB_LAUNCH_CHECK() KDB_CUDA_TRY(cudaGetLastError())
+
+namespace kdb {
+
+constexpr unsigned kFullMask = 0xffffffffu;
+
+template <typename T>
+__host__ __device__ constexpr T ceil_div(T a, T b) {
+  return (a + b - 1) / b;
+}
+
+// Raise a kernel's dynamic shared-memory limit when it needs more than the default 48 KB.
+template <typename Kernel>
+inline cudaError_t allow_dynamic_smem(Kernel kernel, size_t bytes) {
+  if (bytes <= 48 * 1024) return cudaSuccess;
+  return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes));
+}
+
+// Monotone map float -> uint32: a < b (as floats, -0 == +0 canonicalised by the caller) iff key(a) < key(b).
+__device__ __forceinline__ uint32_t float_order_key(float x) {
+  const uint32_t u = __float_as_uint(x);
+  return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+
+__device__ __forceinline__ float float_from_order_key(uint32_t k) {
+  return __uint_as_float((k & 0x80000000u) ? (k & 0x7fffffffu) : ~k);
+}
+
+// 2^x with one MUFU op (flushes results below 2^-126 to zero: negligible in a sum that includes 1).
+__device__ __forceinline__ float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
+__device__ __forceinline__ double warp_sum(double v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(kFullMask, v, o);
+  return v;
+}
+
+// Inclusive prefix sum across the warp (lane order).
+__device__ __forceinline__ double warp_inclusive_scan(double v, int lane) {
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    const double t = __shfl_up_sync(kFullMask, v, o);
+    if (lane >= o) v += t;
+  }
+  return v;
+}
+
+__device__ __forceinline__ int warp_inclusive_scan(int v, int lane) {
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    const int t = __shfl_up_sync(kFullMask, v, o);
+    if (lane >= o) v += t;
+  }
+  return v;
+}
+
+// All lanes of a warp call this with their own predicate; returns each true lane's slot in a shared list.
+__device__ __forceinline__ int warp_append_slot(bool pred, int* counter) {
+  const unsigned ball = __ballot_sync(kFullMask, pred);
+  if (ball == 0) return -1;
+  const int lane = threadIdx.x & 31;
+  int base = 0;
+  if (lane == 0) base = atomicAdd(counter, __popc(ball));
+  base = __shfl_sync(kFullMask, base, 0);
+  return pred ? base + __popc(ball & ((1u << lane) - 1u)) : -1;
+}
+
+// Sum of n (a power of two) floats as a balanced tree: short dependency chains, small rounding error.
+template <int n>
+__device__ __forceinline__ float pairwise_sum(const float* e) {
+  if constexpr (n == 1) {
+    return e[0];
+  } else {
+    return pairwise_sum<n / 2>(e) + pairwise_sum<n / 2>(e + n / 2);
+  }
+}
+
+}  // namespace kdb

@@ -1,0 +1,55 @@
+"""The CUDA backend: thin wrappers over the kdbench_cuda extension with the torch backend's signatures
+(suite/backends/torch_ops.py). Each raises ExtensionUnavailable, with the reason, when the extension cannot
+be built or used here. Inputs must already have the contract's dtypes (csrc/torch_ops.h): no silent casts."""
+from __future__ import annotations
+
+import torch
+
+from kdbench.backends.cuda_build import ExtensionUnavailable, load
+from kdbench.backends.types import AcceptResult, TreeBatch
+
+__all__ = ["ExtensionUnavailable", "kv_compact", "tree_accept_greedy", "tree_accept_sampled", "tree_build",
+           "tree_build_topk", "tree_verify_mla"]
+
+
+def tree_build(draft_logits: torch.Tensor, budgets: torch.Tensor, root_tokens: torch.Tensor,
+               past_lens: torch.Tensor, max_budget: int) -> TreeBatch:
+    """draft_logits [B, L, V] f32|bf16, budgets [B] i32 (each in [0, max_budget]), root_tokens [B] i64,
+    past_lens [B] i32 -> TreeBatch with N = max_budget + 1 rows (two launches, no host sync)."""
+    return TreeBatch(*load().tree_build(draft_logits, budgets, root_tokens, past_lens, int(max_budget)))
+
+
+def tree_build_topk(draft_logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The vocabulary pass alone: (top_lp [B, L, k] f32, top_tok [B, L, k] i64, lse [B, L] f32)."""
+    top_lp, top_tok, lse = load().tree_build_topk(draft_logits, int(k))
+    return top_lp, top_tok, lse
+
+
+def tree_accept_greedy(tokens: torch.Tensor, first_child: torch.Tensor, next_sibling: torch.Tensor,
+                       n_nodes: torch.Tensor, target_tokens: torch.Tensor, max_depth: int) -> AcceptResult:
+    """tokens [B, N] i64, first_child / next_sibling [B, N] i32, n_nodes [B] i32, target_tokens [B, N] i64."""
+    accepted, accept_len, bonus = load().tree_accept_greedy(tokens, first_child, next_sibling, n_nodes,
+                                                            target_tokens, int(max_depth))
+    return AcceptResult(accepted, accept_len, bonus)
+
+
+def tree_accept_sampled(tokens: torch.Tensor, first_child: torch.Tensor, next_sibling: torch.Tensor,
+                        n_nodes: torch.Tensor, target_probs: torch.Tensor, uniforms: torch.Tensor,
+                        max_depth: int) -> AcceptResult:
+    """target_probs [B, N, V] f32, uniforms [B, N] f64: one inverse-CDF draw per node, then the walk."""
+    accepted, accept_len, bonus, sampled = load().tree_accept_sampled(
+        tokens, first_child, next_sibling, n_nodes, target_probs, uniforms, int(max_depth))
+    return AcceptResult(accepted, accept_len, bonus, sampled)
+
+
+def kv_compact(cache: torch.Tensor, past_lens: torch.Tensor, accepted: torch.Tensor,
+               accept_len: torch.Tensor) -> None:
+    """In place: cache [layers, B, S, D] bf16|f32; past_lens [B], accepted [B, A], accept_len [B] i32."""
+    load().kv_compact(cache, past_lens, accepted, accept_len)
+
+
+def tree_verify_mla(q: torch.Tensor, kv: torch.Tensor, past_lens: torch.Tensor, anc: torch.Tensor,
+                    scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """q [B, T, H, 576] bf16, kv [B, S, 576] bf16, past_lens [B] i32, anc [B, T, W] i64 -> (o_lat, lse)."""
+    o_lat, lse = load().tree_verify_mla(q, kv, past_lens, anc, float(scale))
+    return o_lat, lse
