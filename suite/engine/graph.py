@@ -1,0 +1,264 @@
+"""One speculative step (draft -> build -> verify -> accept -> compact -> commit) captured as a CUDA graph for a
+fixed batch, tree budget and kv_limit bucket; each replay advances the EngineState in place. Also the step time
+eager vs graph and the verify forward's share of it. Design and limits: plans/0003-engine.md, "CUDA graphs".
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from kdbench.timing import measure, summarize
+
+from . import engine
+from .records import StageTimer
+from .stages import Policy
+from .state import EngineState
+
+# Eager steps on the capture stream before the capture: lazy initialisation (cuBLAS handles and workspaces of
+# that stream, kernel attributes, the grouped-GEMM probe) must not happen while the stream is capturing.
+WARMUP_STEPS = 3
+_STATE_FIELDS = ("bonus", "gen", "n_gen", "done")       # EngineState tensors a step rewrites
+_DRAFTER_FIELDS = ("ctx_k", "ctx_v", "ctx_len")         # BlockDrafter context cache, rewritten by commit
+
+
+class GraphUnavailable(RuntimeError):
+    """The step cannot be captured on this machine (no CUDA device, a torch without generator registration)."""
+
+
+class _NoTimer:
+    """The StageTimer interface without events: timing events cannot be recorded inside a capture."""
+
+    def mark(self, name: str) -> None:
+        del name
+
+
+def _step(run, st: EngineState, kv_limit: int, timer) -> tuple[torch.Tensor, torch.Tensor]:
+    """engine._spec_step, with the next roots written back into the same bonus buffer: advance() rebinds
+    st.bonus to a new tensor, while a graph reads and writes fixed addresses. Returns (tau, tree size) [B]."""
+    bonus = st.bonus
+    tau, size = engine._spec_step(run, st, timer, kv_limit)
+    bonus.copy_(st.bonus)
+    st.bonus = bonus
+    return tau, size
+
+
+@dataclass
+class StepGraph:
+    """A captured step and the state it advances. replay() runs the step once for every request (a finished
+    request commits nothing), reads nothing back to the host and leaves tau / tree_size on the device.
+    eager_step() runs the same step without the graph on the same buffers (for comparisons and timing).
+    steps_left counts the steps (replayed or eager) that surely fit kv_limit; None: any number (the bucket is
+    the whole cache). The drafter and its context cache belong to this object while it is in use."""
+    run: object                      # engine._Run: model, drafter, stages, sampler, depth, rows, max_len
+    state: EngineState
+    kv_limit: int                    # keys the drafter's attention scans, fixed in the graph
+    graph: object                    # torch.cuda.CUDAGraph
+    tau: torch.Tensor                # [B] int32, static output: tokens committed by the last replay
+    tree_size: torch.Tensor          # [B] int32, static output: tree nodes incl. the root
+    steps_left: int | None
+    generators: tuple = ()           # torch.Generators registered with the graph (drafter's, sampler's)
+
+    def replay(self) -> None:
+        self._take_step()
+        self.graph.replay()
+
+    def eager_step(self, timer=None) -> tuple[torch.Tensor, torch.Tensor]:
+        """One eager step from the current state (a StageTimer may mark its stages); returns (tau, tree size)."""
+        self._take_step()
+        with torch.no_grad():
+            return _step(self.run, self.state, self.kv_limit, timer or _NoTimer())
+
+    def _take_step(self) -> None:
+        if self.steps_left is None:
+            return
+        if self.steps_left <= 0:
+            raise RuntimeError(f"the kv_limit bucket ({self.kv_limit} keys) is used up: the longest request may "
+                               f"now exceed it; capture a larger bucket (kv_limit=None with steps=None covers "
+                               f"the whole cache)")
+        self.steps_left -= 1
+
+    def tensors(self) -> dict[str, torch.Tensor]:
+        """Every device tensor a step rewrites in place: the KV cache and lengths, the outputs, the drafter's
+        context cache (a BlockDrafter's)."""
+        st = self.state
+        out = {"kv": st.cache.kv, "lengths": st.cache.lengths, **{f: getattr(st, f) for f in _STATE_FIELDS}}
+        for f in _DRAFTER_FIELDS:
+            if isinstance(getattr(self.run.drafter, f, None), torch.Tensor):
+                out[f] = getattr(self.run.drafter, f)
+        return out
+
+    def snapshot(self) -> dict:
+        """Copies of tensors(), the generators' states and steps_left, for restore()."""
+        return {"tensors": {k: v.clone() for k, v in self.tensors().items()},
+                "generators": [g.get_state() for g in self.generators], "steps_left": self.steps_left}
+
+    def restore(self, snap: dict) -> None:
+        """Put a snapshot back into the same buffers (the graph keeps reading them)."""
+        for k, v in self.tensors().items():
+            v.copy_(snap["tensors"][k])
+        for g, s in zip(self.generators, snap["generators"]):
+            g.set_state(s)
+        self.steps_left = snap["steps_left"]
+
+    def tokens(self) -> list[list[int]]:
+        """The first max_new generated tokens per request (host copy; synchronizes)."""
+        return self.state.tokens()
+
+
+# ------------------------------------------------------------------------------------------------ capture
+
+def capture_step(model, drafter, prompts: list[list[int]], policy: Policy, backend: str = "cuda",
+                 kv_limit: int | None = None, *, max_new_tokens: int = 64, temperature: float = 0.0,
+                 seed: int = 0, steps: int | None = None) -> StepGraph:
+    """Prefill `prompts`, run WARMUP_STEPS eager steps on a side stream, then capture one speculative step on
+    that stream into a torch.cuda.CUDAGraph. The state after the warm-up is the graph's starting point.
+
+    kv_limit: keys the drafter scans (the CUDA attention reads past_len + T itself); None = the smallest
+    multiple of engine.KV_BUCKET that fits `steps` more steps after the warm-up, or the whole cache (any
+    number of steps) when steps is None. Raises ValueError for what no machine can capture (backend
+    "torch", a policy other than ddtree: both build trees in a host heap; a kv_limit too small for the
+    warm-up) and GraphUnavailable (a RuntimeError) where CUDA or generator registration is missing.
+    """
+    _check_capturable(model, policy, backend, max_new_tokens, steps)
+    with torch.no_grad():
+        run, st = _prepare(model, drafter, prompts, policy, backend, max_new_tokens, temperature, seed)
+        gens = _generators(run)
+        limit = _kv_limit(run, st, kv_limit, steps)
+        stream = torch.cuda.Stream(device=model.device)
+        _warm_up(run, st, limit, stream)
+        steps_left = _steps_left(run, st, limit)
+        graph = torch.cuda.CUDAGraph()
+        for g in gens:  # before capture_begin, so each replay advances their Philox offsets as eager steps do
+            graph.register_generator_state(g)
+        with torch.cuda.graph(graph, stream=stream):
+            tau, size = _step(run, st, limit, _NoTimer())
+    return StepGraph(run, st, limit, graph, tau, size, steps_left, gens)
+
+
+def _prepare(model, drafter, prompts, policy: Policy, backend: str, max_new_tokens: int, temperature: float,
+             seed: int) -> tuple[object, EngineState]:
+    """generate()'s set-up: validate, plan (builds the extension for "cuda"), allocate, prefill."""
+    engine._validate(model, drafter, prompts, max_new_tokens, policy, temperature)
+    run = engine._plan(model, drafter, prompts, max_new_tokens, policy, temperature, seed, backend)
+    st = EngineState.allocate(model.new_cache(len(prompts), run.max_len), max_new_tokens,
+                              slack=2 * (run.depth + 1), budget=policy.nodes(run.depth))
+    engine._prefill(run, st, prompts)
+    return run, st
+
+
+def _check_capturable(model, policy: Policy, backend: str, max_new_tokens: int, steps) -> None:
+    """Argument errors first (they hold on every machine), then the device."""
+    if not isinstance(policy, Policy):
+        raise ValueError(f"policy must be a Policy, got {type(policy).__name__}")
+    if backend != "cuda":
+        raise ValueError(f"capture_step needs backend 'cuda', got {backend!r}: the torch tree_build runs a host "
+                         f"heap (reads the draft on the host), which a CUDA graph cannot capture")
+    if policy.kind != "ddtree":
+        raise ValueError(f"capture_step captures DDTree steps only, got {policy.label}: the cuda backend builds "
+                         f"only DDTree on the GPU; other policies use the torch host heap (not capturable)")
+    if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be an int >= 1, got {max_new_tokens!r}")
+    if steps is not None and (not isinstance(steps, int) or steps < 1):
+        raise ValueError(f"steps must be None or an int >= 1, got {steps!r}")
+    if not torch.cuda.is_available():
+        raise GraphUnavailable("capture_step needs a CUDA GPU: torch.cuda.is_available() is False "
+                               f"(torch {torch.__version__})")
+    if torch.device(model.device).type != "cuda":
+        raise GraphUnavailable(f"capture_step needs the model on a CUDA device, got {model.device}")
+
+
+def _generators(run) -> tuple:
+    """The non-default generators a step draws from: the drafter's (a SyntheticDrafter's .gen, made by
+    reset() in the prefill) and the sampler's (T > 0). The default CUDA generator needs no registration."""
+    gens = []
+    if isinstance(getattr(run.drafter, "gen", None), torch.Generator):
+        gens.append(run.drafter.gen)
+    if not run.sampler.greedy:
+        gens.append(run.sampler.gen)
+    if gens and not hasattr(torch.cuda.CUDAGraph, "register_generator_state"):
+        raise GraphUnavailable(f"this step draws from a torch.Generator, and torch {torch.__version__} cannot "
+                               f"register one with a CUDA graph (CUDAGraph.register_generator_state): run it "
+                               f"eagerly, or use the BlockDrafter at temperature 0")
+    return tuple(gens)
+
+
+def _kv_limit(run, st: EngineState, kv_limit, steps) -> int:
+    """The bucket. Step k (from 0) after the prefill reaches at most longest + k (L + 1) + rows keys."""
+    longest = int(st.cache.lengths.max())  # host read before the capture (allowed there)
+    reach = lambda k: longest + k * (run.depth + 1) + run.rows  # noqa: E731
+    if kv_limit is None:
+        if steps is None:
+            return run.max_len
+        return min(run.max_len, engine.KV_BUCKET * math.ceil(reach(WARMUP_STEPS + steps - 1) / engine.KV_BUCKET))
+    need = reach(WARMUP_STEPS - 1)
+    if not isinstance(kv_limit, int) or not need <= kv_limit <= run.max_len:
+        raise ValueError(f"kv_limit must be an int in [{need}, {run.max_len}] (the warm-up's reach, the cache "
+                         f"rows), got {kv_limit!r}")
+    return kv_limit
+
+
+def _steps_left(run, st: EngineState, limit: int) -> int | None:
+    """Steps that surely fit the bucket from the post-warm-up lengths (host read, before the capture)."""
+    if limit >= run.max_len:
+        return None  # the cache is sized for the whole run and frozen requests stop growing
+    longest = int(st.cache.lengths.max())
+    return max(0, (limit - run.rows - longest) // (run.depth + 1) + 1)
+
+
+def _warm_up(run, st: EngineState, limit: int, stream) -> None:
+    """WARMUP_STEPS eager steps on the capture stream, ordered after the prefill and before what follows."""
+    current = torch.cuda.current_stream(stream.device)
+    stream.wait_stream(current)
+    with torch.cuda.stream(stream):
+        for _ in range(WARMUP_STEPS):
+            _step(run, st, limit, _NoTimer())
+    current.wait_stream(stream)
+
+
+# ------------------------------------------------------------------------------------------------- timing
+
+def time_step_eager_vs_graph(model, drafter, prompts: list[list[int]], policy: Policy, n_steps: int, *,
+                             max_new_tokens: int | None = None, kv_limit: int | None = None,
+                             temperature: float = 0.0, seed: int = 0) -> dict:
+    """The step time eager vs graph over the same n_steps steps (one capture; the state is restored between
+    the runs), and the verify forward's share of the eager step.
+
+    eager_step_s / graph_step_s: raw samples in seconds, CUDA events around each step (kdbench.timing.measure:
+    one untimed step first, steps back to back, no L2 flush: steady decoding). verify_s: the verify forward
+    alone (StageTimer events in eager steps over the same steps). verify_share = median(verify_s) /
+    median(eager_step_s); outside_verify_s = median(eager) - median(verify): draft, build, accept, compact,
+    commit and the launch gaps between them. graph_outside_verify_s = median(graph) - median(verify): an
+    estimate, since a graph is one launch and its verify forward is not timed apart (the eager verify time
+    includes its own launch gaps, so this can underestimate and even go negative for small models).
+    max_new_tokens None: enough that no request finishes while timed.
+    """
+    if not isinstance(n_steps, int) or n_steps < 1:
+        raise ValueError(f"n_steps must be an int >= 1, got {n_steps!r}")
+    steps = n_steps + 1  # the untimed first step, then n_steps timed
+    if max_new_tokens is None:
+        max_new_tokens = (WARMUP_STEPS + steps) * (getattr(drafter, "depth", 0) + 1) + 1
+    sg = capture_step(model, drafter, prompts, policy, kv_limit=kv_limit, max_new_tokens=max_new_tokens,
+                      temperature=temperature, seed=seed, steps=steps if kv_limit is None else None)
+    start, dev = sg.snapshot(), str(model.device)
+    eager = measure(sg.eager_step, warmup=1, repeat=n_steps, device=dev, flush_l2=False)
+    sg.restore(start)
+    graph = measure(sg.replay, warmup=1, repeat=n_steps, device=dev, flush_l2=False)
+    sg.restore(start)
+    verify = _verify_seconds(sg, steps)[1:]
+    v = summarize(verify).median_s
+    return dict(eager_step_s=eager.samples_s, graph_step_s=graph.samples_s, verify_s=verify,
+                verify_share=v / eager.median_s, outside_verify_s=eager.median_s - v,
+                graph_outside_verify_s=graph.median_s - v, kv_limit=sg.kv_limit, batch=len(prompts),
+                rows=sg.run.rows)
+
+
+def _verify_seconds(sg: StepGraph, n: int) -> list[float]:
+    """The verify forward's time in each of n eager steps (StageTimer events; finish() syncs once per step)."""
+    out = []
+    for _ in range(n):
+        timer = StageTimer(sg.run.model.device)
+        sg.eager_step(timer)
+        out.append(timer.finish()["verify"] * 1e-9)  # ns -> s
+    return out
