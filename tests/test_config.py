@@ -20,7 +20,7 @@ EXPECTED = {
     "not_yaml.yaml": ("not_yaml.yaml", "not valid YAML (line"),
     "duplicate_case.yaml": ("cases", "duplicate case name 'a'"),
     "negative_budget.yaml": ("cases[0].shape.budget", "got -3, expected a tree budget in 0..1024"),
-    "unknown_backend.yaml": ("cases[0].backends[1]", "got 'triton', expected one of numpy_ref, torch, cuda"),
+    "unknown_backend.yaml": ("cases[0].backends[1]", "got 'triton', expected one of numpy_ref, torch, cpu_heap, cuda"),
     "bad_tolerance.yaml": ("cases[0].tolerance.rtol", "got -0.1, expected a number >= 0"),
     "unknown_family.yaml": ("cases[0].family", "expected a kernel family: tree_build"),
     "sweep_out_of_range.yaml": ("cases[0].shape.budget", "got 2000, expected a tree budget"),

@@ -34,7 +34,7 @@ def test_arch_flags(capability, want):
 
 
 def test_cuda_flags():
-    assert {"-O3", "-std=c++17", "-lineinfo"} <= set(cuda_build.CUDA_FLAGS)
+    assert {"-O3", "-std=c++20", "-lineinfo"} <= set(cuda_build.CUDA_FLAGS)
     assert "--use_fast_math" not in cuda_build.CUDA_FLAGS  # kernels pick their fast intrinsics explicitly
 
 

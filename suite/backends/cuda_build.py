@@ -14,8 +14,9 @@ CSRC = Path(__file__).resolve().parents[2] / "csrc"
 FAMILIES = ("tree_build", "tree_verify_mla", "tree_accept", "kv_compact")
 # bindings.cpp (m.def lines), then each family's torch layer (checks, allocation) and its kernels.
 SOURCES = ("bindings.cpp", *(f"{f}_torch.cpp" for f in FAMILIES), *(f"{f}.cu" for f in FAMILIES))
-CXX_FLAGS = ("-O3", "-std=c++17")
-CUDA_FLAGS = ("-O3", "-std=c++17", "-lineinfo")
+# C++20: torch >= 2.11 headers are C++20, and a -std=c++17 override broke c10::Error (TORCH_CHECK segfaulted)
+CXX_FLAGS = ("-O3", "-std=c++20")
+CUDA_FLAGS = ("-O3", "-std=c++20", "-lineinfo")
 EXTENSION_NAME = "kdbench_cuda"
 _MAX_ERROR_CHARS = 4000
 

@@ -2,7 +2,7 @@
 
 All take the kernel's inputs: q [B,T,H,dc+dr], kv [B,S,dc+dr], past_lens [B] int32, anc [B,T,W] int64,
 scale; all return (o_lat [B,T,H,dc], lse [B,T,H] float32).
-- eager:   cuBLAS matmuls + a boolean-masked softmax in fp32 (what a plain torch model does)
+- eager:   cuBLAS matmuls (fp32 scores) + a boolean-masked softmax in fp32 (a plain torch model)
 - sdpa:    torch.nn.functional.scaled_dot_product_attention with the boolean mask (V = the latent)
 - twopass: the prefix without a mask + the tree block with the mask, merged by LSE (the cascade)
 """
@@ -13,15 +13,19 @@ import torch
 from kdbench.backends.masks import anc_to_bool, visible_mask
 
 
-def _split(q, kv, dc):
-    return q[..., :dc], q[..., dc:], kv[..., :dc], kv[..., dc:]
+def _scores(q, k):
+    """q @ k^T with fp32 output: bf16 operands, fp32 accumulation and result (torch.bmm out_dtype on CUDA;
+    elsewhere the product is upcast). Rounding raw scores to bf16 would cost the baseline its accuracy."""
+    if q.is_cuda and q.dtype in (torch.bfloat16, torch.float16):
+        return torch.bmm(q, k, out_dtype=torch.float32)
+    return torch.bmm(q, k).float()
 
 
 def eager(q, kv, past_lens, anc, scale, dc: int = 512):
     b, t, h, _ = q.shape
     vis = visible_mask(past_lens, anc, t, kv.shape[1])                 # [B, T, S] bool
     qf = q.reshape(b, t * h, -1)                                        # [B, T*H, 576]
-    s = torch.bmm(qf, kv.transpose(1, 2)).float() * scale               # [B, T*H, S]
+    s = _scores(qf, kv.transpose(1, 2)) * scale                         # [B, T*H, S] fp32
     mask = vis.repeat_interleave(h, dim=1)                              # [B, T*H, S]
     s = s.masked_fill(~mask, float("-inf"))
     lse = torch.logsumexp(s, dim=-1)                                    # [B, T*H]
@@ -63,7 +67,7 @@ def twopass(q, kv, past_lens, anc, scale, dc: int = 512):
 def _masked(q, kv, vis, scale, dc):
     b, t, h, _ = q.shape
     qf = q.reshape(b, t * h, -1)
-    s = torch.bmm(qf, kv.nan_to_num(0.0).transpose(1, 2)).float() * scale
+    s = _scores(qf, kv.nan_to_num(0.0).transpose(1, 2)) * scale
     s = s.masked_fill(~vis.repeat_interleave(h, dim=1), float("-inf"))
     lse = torch.logsumexp(s, dim=-1)
     p = torch.exp(s - lse.unsqueeze(-1)).nan_to_num(0.0)

@@ -14,7 +14,7 @@ from kdbench.results import Record
 
 def run(case, ctx) -> Iterator[Record]:
     fam = families.get(case.family)
-    avail = {b: families.backend_available(b, ctx.device) for b in case.backends}
+    avail = {b: _available(fam, b, case, ctx.device) for b in case.backends}
     live = [b for b in case.backends if avail[b][0]]
     results: dict[str, list] = {b: [] for b in live}
     errors: dict[str, str] = {}
@@ -50,6 +50,14 @@ def _release(device: str) -> None:
     if device == "cuda":
         import torch
         torch.cuda.empty_cache()
+
+
+def _available(fam, backend: str, case, device: str) -> tuple[bool, str]:
+    ok, reason = families.backend_available(backend, device)
+    if ok and hasattr(fam, "unsupported"):
+        reason = fam.unsupported(backend, case) or ""
+        ok = not reason
+    return ok, reason
 
 
 def _describe(exc: Exception) -> str:
