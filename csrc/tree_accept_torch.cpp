@@ -3,6 +3,7 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 
+#include "check_format.h"
 #include "torch_ops.h"
 #include "tree_accept.h"
 
@@ -18,18 +19,18 @@ struct Named {
 // The tree arrays shared by both modes: tokens [B, N] i64, first_child / next_sibling [B, N] i32, n_nodes [B] i32.
 void check_tree(std::initializer_list<Named> args, const at::Tensor& tokens) {
   for (const Named& a : args)
-    TORCH_CHECK(a.t.scalar_type() == a.dtype, a.name, " must be ", a.dtype, ", got ", a.t.scalar_type());
-  TORCH_CHECK(tokens.is_cuda(), "tokens must be a CUDA tensor, got device ", tokens.device());
+    TORCH_CHECK(a.t.scalar_type() == a.dtype, kdb::fmt(a.name), " must be ", kdb::fmt(a.dtype), ", got ", kdb::fmt(a.t.scalar_type()));
+  TORCH_CHECK(tokens.is_cuda(), "tokens must be a CUDA tensor, got device ", kdb::fmt(tokens.device()));
   for (const Named& a : args)
-    TORCH_CHECK(a.t.device() == tokens.device(), a.name, " must be on ", tokens.device(), ", got ", a.t.device());
-  for (const Named& a : args) TORCH_CHECK(a.t.is_contiguous(), a.name, " must be contiguous");
+    TORCH_CHECK(a.t.device() == tokens.device(), kdb::fmt(a.name), " must be on ", kdb::fmt(tokens.device()), ", got ", kdb::fmt(a.t.device()));
+  for (const Named& a : args) TORCH_CHECK(a.t.is_contiguous(), kdb::fmt(a.name), " must be contiguous");
   TORCH_CHECK(tokens.dim() == 2 && tokens.size(1) >= 1, "tokens must be [B, N] with N >= 1, got shape ",
-              tokens.sizes());
-  TORCH_CHECK(tokens.size(1) <= kAcceptMaxNodes, "tokens: N must be <= ", kAcceptMaxNodes, ", got ", tokens.size(1));
+              kdb::fmt(tokens.sizes()));
+  TORCH_CHECK(tokens.size(1) <= kAcceptMaxNodes, "tokens: N must be <= ", kdb::fmt(kAcceptMaxNodes), ", got ", kdb::fmt(tokens.size(1)));
 }
 
 void check_shape(const at::Tensor& t, const char* name, at::IntArrayRef want) {
-  TORCH_CHECK(t.sizes() == want, name, " must have shape ", want, ", got ", t.sizes());
+  TORCH_CHECK(t.sizes() == want, kdb::fmt(name), " must have shape ", kdb::fmt(want), ", got ", kdb::fmt(t.sizes()));
 }
 
 AcceptGreedyArgs greedy_args(const at::Tensor& tokens, const at::Tensor& first_child, const at::Tensor& next_sibling,
@@ -45,7 +46,7 @@ AcceptGreedyArgs greedy_args(const at::Tensor& tokens, const at::Tensor& first_c
 }
 
 std::vector<at::Tensor> alloc_result(const at::Tensor& tokens, int64_t max_depth) {
-  TORCH_CHECK(max_depth >= 0 && max_depth < INT32_MAX, "max_depth must be >= 0, got ", max_depth);
+  TORCH_CHECK(max_depth >= 0 && max_depth < INT32_MAX, "max_depth must be >= 0, got ", kdb::fmt(max_depth));
   const int64_t B = tokens.size(0);
   const auto opt = tokens.options();
   return {at::empty({B, max_depth + 1}, opt.dtype(at::kInt)), at::empty({B}, opt.dtype(at::kInt)),
@@ -53,7 +54,7 @@ std::vector<at::Tensor> alloc_result(const at::Tensor& tokens, int64_t max_depth
 }
 
 void check_launch(cudaError_t err, const char* what) {
-  TORCH_CHECK(err == cudaSuccess, what, ": CUDA error: ", cudaGetErrorString(err));
+  TORCH_CHECK(err == cudaSuccess, kdb::fmt(what), ": CUDA error: ", kdb::fmt(cudaGetErrorString(err)));
 }
 
 }  // namespace
@@ -88,9 +89,9 @@ std::vector<at::Tensor> tree_accept_sampled(const at::Tensor& tokens, const at::
   check_shape(next_sibling, "next_sibling", {B, N});
   check_shape(n_nodes, "n_nodes", {B});
   TORCH_CHECK(target_probs.dim() == 3 && target_probs.size(0) == B && target_probs.size(1) == N,
-              "target_probs must be [B, N, V] with B = ", B, ", N = ", N, ", got shape ", target_probs.sizes());
+              "target_probs must be [B, N, V] with B = ", kdb::fmt(B), ", N = ", kdb::fmt(N), ", got shape ", kdb::fmt(target_probs.sizes()));
   const int64_t V = target_probs.size(2);
-  TORCH_CHECK(V >= 1 && V <= kSampleMaxVocab, "target_probs: V must be in [1, ", kSampleMaxVocab, "], got ", V);
+  TORCH_CHECK(V >= 1 && V <= kSampleMaxVocab, "target_probs: V must be in [1, ", kdb::fmt(kSampleMaxVocab), "], got ", kdb::fmt(V));
   check_shape(uniforms, "uniforms", {B, N});
   const c10::cuda::CUDAGuard guard(tokens.device());
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();

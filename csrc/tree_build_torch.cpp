@@ -5,6 +5,7 @@
 
 #include <algorithm>
 
+#include "check_format.h"
 #include "torch_ops.h"
 #include "tree_build.h"
 
@@ -12,25 +13,25 @@ namespace kdb {
 namespace {
 
 void check_launch(cudaError_t err, const char* what) {
-  TORCH_CHECK(err == cudaSuccess, what, ": CUDA error: ", cudaGetErrorString(err));
+  TORCH_CHECK(err == cudaSuccess, kdb::fmt(what), ": CUDA error: ", kdb::fmt(cudaGetErrorString(err)));
 }
 
 void check_logits(const at::Tensor& x) {
   TORCH_CHECK(x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16,
-              "draft_logits must be float32 or bfloat16, got ", x.scalar_type());
-  TORCH_CHECK(x.is_cuda(), "draft_logits must be a CUDA tensor, got device ", x.device());
+              "draft_logits must be float32 or bfloat16, got ", kdb::fmt(x.scalar_type()));
+  TORCH_CHECK(x.is_cuda(), "draft_logits must be a CUDA tensor, got device ", kdb::fmt(x.device()));
   TORCH_CHECK(x.is_contiguous(), "draft_logits must be contiguous");
-  TORCH_CHECK(x.dim() == 3, "draft_logits must be [B, L, V], got shape ", x.sizes());
-  TORCH_CHECK(x.size(2) >= 1 && x.size(2) <= INT32_MAX, "draft_logits: V must be in [1, 2^31), got ", x.size(2));
+  TORCH_CHECK(x.dim() == 3, "draft_logits must be [B, L, V], got shape ", kdb::fmt(x.sizes()));
+  TORCH_CHECK(x.size(2) >= 1 && x.size(2) <= INT32_MAX, "draft_logits: V must be in [1, 2^31), got ", kdb::fmt(x.size(2)));
 }
 
 // A per-request vector [B] of dtype `dt` on the logits' device.
 void check_vec(const at::Tensor& t, const char* name, at::ScalarType dt, const at::Tensor& like) {
-  TORCH_CHECK(t.scalar_type() == dt, name, " must be ", dt, ", got ", t.scalar_type());
-  TORCH_CHECK(t.device() == like.device(), name, " must be on ", like.device(), ", got ", t.device());
-  TORCH_CHECK(t.is_contiguous(), name, " must be contiguous");
-  TORCH_CHECK(t.dim() == 1 && t.size(0) == like.size(0), name, " must be [B] with B = ", like.size(0),
-              ", got shape ", t.sizes());
+  TORCH_CHECK(t.scalar_type() == dt, kdb::fmt(name), " must be ", kdb::fmt(dt), ", got ", kdb::fmt(t.scalar_type()));
+  TORCH_CHECK(t.device() == like.device(), kdb::fmt(name), " must be on ", kdb::fmt(like.device()), ", got ", kdb::fmt(t.device()));
+  TORCH_CHECK(t.is_contiguous(), kdb::fmt(name), " must be contiguous");
+  TORCH_CHECK(t.dim() == 1 && t.size(0) == like.size(0), kdb::fmt(name), " must be [B] with B = ", kdb::fmt(like.size(0)),
+              ", got shape ", kdb::fmt(t.sizes()));
 }
 
 TopkArgs topk_args(const at::Tensor& logits, int64_t k, at::Tensor& top_lp, at::Tensor& top_tok, float* lse) {
@@ -51,8 +52,8 @@ TopkArgs topk_args(const at::Tensor& logits, int64_t k, at::Tensor& top_lp, at::
 std::vector<at::Tensor> tree_build_topk(const at::Tensor& draft_logits, int64_t k) {
   check_logits(draft_logits);
   const int64_t B = draft_logits.size(0), L = draft_logits.size(1), V = draft_logits.size(2);
-  TORCH_CHECK(k >= 1 && k <= std::min<int64_t>(V, kTreeBuildMaxK), "k must be in [1, min(V, ", kTreeBuildMaxK,
-              ")] = [1, ", std::min<int64_t>(V, kTreeBuildMaxK), "], got ", k);
+  TORCH_CHECK(k >= 1 && k <= std::min<int64_t>(V, kTreeBuildMaxK), "k must be in [1, min(V, ", kdb::fmt(kTreeBuildMaxK),
+              ")] = [1, ", kdb::fmt(std::min<int64_t>(V, kTreeBuildMaxK)), "], got ", kdb::fmt(k));
   const c10::cuda::CUDAGuard guard(draft_logits.device());
   const auto f32 = draft_logits.options().dtype(at::kFloat);
   at::Tensor top_lp = at::empty({B, L, k}, f32);
@@ -71,17 +72,17 @@ std::vector<at::Tensor> tree_build(const at::Tensor& draft_logits, const at::Ten
   check_vec(root_tokens, "root_tokens", at::kLong, draft_logits);
   check_vec(past_lens, "past_lens", at::kInt, draft_logits);
   const int64_t B = draft_logits.size(0), L = draft_logits.size(1), V = draft_logits.size(2);
-  TORCH_CHECK(max_budget >= 0 && max_budget <= kTreeBuildMaxK, "max_budget must be in [0, ", kTreeBuildMaxK,
-              "], got ", max_budget);
-  TORCH_CHECK(L <= kTreeBuildMaxDepth, "draft_logits: L must be <= ", kTreeBuildMaxDepth, ", got ", L);
+  TORCH_CHECK(max_budget >= 0 && max_budget <= kTreeBuildMaxK, "max_budget must be in [0, ", kdb::fmt(kTreeBuildMaxK),
+              "], got ", kdb::fmt(max_budget));
+  TORCH_CHECK(L <= kTreeBuildMaxDepth, "draft_logits: L must be <= ", kdb::fmt(kTreeBuildMaxDepth), ", got ", kdb::fmt(L));
   const int64_t N = max_budget + 1, W = (N + 63) / 64, K = std::min(max_budget, V);
   const c10::cuda::CUDAGuard guard(draft_logits.device());
   const size_t smem = tree_build_heap_smem_bytes(int(L), int(K), int(N));
   int optin = 0;
   check_launch(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, draft_logits.get_device()),
                "tree_build (device attribute)");
-  TORCH_CHECK(smem <= size_t(optin), "tree_build: L * K = ", L * K, " top log-probs need ", smem,
-              " bytes of shared memory per block, the device allows ", optin);
+  TORCH_CHECK(smem <= size_t(optin), "tree_build: L * K = ", kdb::fmt(L * K), " top log-probs need ", kdb::fmt(smem),
+              " bytes of shared memory per block, the device allows ", kdb::fmt(optin));
 
   const auto opt = draft_logits.options();
   at::Tensor top_lp = at::empty({B, L, K}, opt.dtype(at::kFloat));

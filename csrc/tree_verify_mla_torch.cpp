@@ -7,6 +7,7 @@
 
 #include <cmath>
 
+#include "check_format.h"
 #include "torch_ops.h"
 #include "tree_verify_mla.h"
 
@@ -14,20 +15,20 @@ namespace kdb {
 namespace {
 
 void check_dtypes(const at::Tensor& q, const at::Tensor& kv, const at::Tensor& past_lens, const at::Tensor& anc) {
-  TORCH_CHECK(q.scalar_type() == at::kBFloat16, "tree_verify_mla: q must be bfloat16, got ", q.scalar_type());
-  TORCH_CHECK(kv.scalar_type() == at::kBFloat16, "tree_verify_mla: kv must be bfloat16, got ", kv.scalar_type());
+  TORCH_CHECK(q.scalar_type() == at::kBFloat16, "tree_verify_mla: q must be bfloat16, got ", kdb::fmt(q.scalar_type()));
+  TORCH_CHECK(kv.scalar_type() == at::kBFloat16, "tree_verify_mla: kv must be bfloat16, got ", kdb::fmt(kv.scalar_type()));
   TORCH_CHECK(past_lens.scalar_type() == at::kInt, "tree_verify_mla: past_lens must be int32, got ",
-              past_lens.scalar_type());
+              kdb::fmt(past_lens.scalar_type()));
   TORCH_CHECK(anc.scalar_type() == at::kLong, "tree_verify_mla: anc must be int64 (uint64 bit patterns), got ",
-              anc.scalar_type());
+              kdb::fmt(anc.scalar_type()));
 }
 
 void check_devices(const at::Tensor& q, const at::Tensor& kv, const at::Tensor& past_lens, const at::Tensor& anc) {
-  TORCH_CHECK(q.is_cuda(), "tree_verify_mla: q must be a CUDA tensor, got ", q.device());
-  TORCH_CHECK(kv.device() == q.device(), "tree_verify_mla: kv must be on ", q.device(), ", got ", kv.device());
-  TORCH_CHECK(past_lens.device() == q.device(), "tree_verify_mla: past_lens must be on ", q.device(), ", got ",
-              past_lens.device());
-  TORCH_CHECK(anc.device() == q.device(), "tree_verify_mla: anc must be on ", q.device(), ", got ", anc.device());
+  TORCH_CHECK(q.is_cuda(), "tree_verify_mla: q must be a CUDA tensor, got ", kdb::fmt(q.device()));
+  TORCH_CHECK(kv.device() == q.device(), "tree_verify_mla: kv must be on ", kdb::fmt(q.device()), ", got ", kdb::fmt(kv.device()));
+  TORCH_CHECK(past_lens.device() == q.device(), "tree_verify_mla: past_lens must be on ", kdb::fmt(q.device()), ", got ",
+              kdb::fmt(past_lens.device()));
+  TORCH_CHECK(anc.device() == q.device(), "tree_verify_mla: anc must be on ", kdb::fmt(q.device()), ", got ", kdb::fmt(anc.device()));
 }
 
 void check_layouts(const at::Tensor& q, const at::Tensor& kv, const at::Tensor& past_lens, const at::Tensor& anc) {
@@ -42,21 +43,21 @@ void check_layouts(const at::Tensor& q, const at::Tensor& kv, const at::Tensor& 
 
 TreeVerifyMlaShape check_shapes(const at::Tensor& q, const at::Tensor& kv, const at::Tensor& past_lens,
                                 const at::Tensor& anc, double scale) {
-  TORCH_CHECK(q.dim() == 4 && q.size(3) == kTvmDimQK, "tree_verify_mla: q must be [B, T, H, ", kTvmDimQK,
-              "], got ", q.sizes());
+  TORCH_CHECK(q.dim() == 4 && q.size(3) == kTvmDimQK, "tree_verify_mla: q must be [B, T, H, ", kdb::fmt(kTvmDimQK),
+              "], got ", kdb::fmt(q.sizes()));
   const int64_t batch = q.size(0), nodes = q.size(1), heads = q.size(2), words = (nodes + 63) / 64;
-  TORCH_CHECK(nodes >= 1 && heads >= 1, "tree_verify_mla: q needs T >= 1 and H >= 1, got ", q.sizes());
-  TORCH_CHECK(batch <= 65535, "tree_verify_mla: batch must be <= 65535 (grid z), got ", batch);
-  TORCH_CHECK(nodes * heads <= (int64_t{1} << 30), "tree_verify_mla: T * H must be <= 2^30, got ", nodes * heads);
+  TORCH_CHECK(nodes >= 1 && heads >= 1, "tree_verify_mla: q needs T >= 1 and H >= 1, got ", kdb::fmt(q.sizes()));
+  TORCH_CHECK(batch <= 65535, "tree_verify_mla: batch must be <= 65535 (grid z), got ", kdb::fmt(batch));
+  TORCH_CHECK(nodes * heads <= (int64_t{1} << 30), "tree_verify_mla: T * H must be <= 2^30, got ", kdb::fmt(nodes * heads));
   TORCH_CHECK(kv.dim() == 3 && kv.size(0) == batch && kv.size(2) == kTvmDimQK, "tree_verify_mla: kv must be [",
-              batch, ", S, ", kTvmDimQK, "], got ", kv.sizes());
+              kdb::fmt(batch), ", S, ", kdb::fmt(kTvmDimQK), "], got ", kdb::fmt(kv.sizes()));
   TORCH_CHECK(kv.size(1) >= nodes && kv.size(1) <= (int64_t{1} << 30),
-              "tree_verify_mla: kv length S must be in [T = ", nodes, ", 2^30], got ", kv.size(1));
-  TORCH_CHECK(past_lens.dim() == 1 && past_lens.size(0) == batch, "tree_verify_mla: past_lens must be [", batch,
-              "], got ", past_lens.sizes());
+              "tree_verify_mla: kv length S must be in [T = ", kdb::fmt(nodes), ", 2^30], got ", kdb::fmt(kv.size(1)));
+  TORCH_CHECK(past_lens.dim() == 1 && past_lens.size(0) == batch, "tree_verify_mla: past_lens must be [", kdb::fmt(batch),
+              "], got ", kdb::fmt(past_lens.sizes()));
   TORCH_CHECK(anc.dim() == 3 && anc.size(0) == batch && anc.size(1) == nodes && anc.size(2) == words,
-              "tree_verify_mla: anc must be [", batch, ", ", nodes, ", ", words, "], got ", anc.sizes());
-  TORCH_CHECK(std::isfinite(scale) && scale > 0, "tree_verify_mla: scale must be finite and > 0, got ", scale);
+              "tree_verify_mla: anc must be [", kdb::fmt(batch), ", ", kdb::fmt(nodes), ", ", kdb::fmt(words), "], got ", kdb::fmt(anc.sizes()));
+  TORCH_CHECK(std::isfinite(scale) && scale > 0, "tree_verify_mla: scale must be finite and > 0, got ", kdb::fmt(scale));
   return TreeVerifyMlaShape{static_cast<int>(batch), static_cast<int>(nodes), static_cast<int>(heads),
                             static_cast<int>(kv.size(1)), static_cast<int>(words)};
 }
@@ -76,7 +77,7 @@ std::vector<at::Tensor> tree_verify_mla(const at::Tensor& q, const at::Tensor& k
   C10_CUDA_CHECK(cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
   C10_CUDA_CHECK(cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, dev));
   TORCH_CHECK(smem_optin >= tree_verify_mla_smem_bytes(), "tree_verify_mla: the kernel needs ",
-              tree_verify_mla_smem_bytes(), " B of shared memory per block; device ", dev, " allows ", smem_optin,
+              kdb::fmt(tree_verify_mla_smem_bytes()), " B of shared memory per block; device ", kdb::fmt(dev), " allows ", kdb::fmt(smem_optin),
               " (built for H100/H200-class GPUs, 227 KB)");
   auto o_lat = at::empty({shape.batch, shape.nodes, shape.heads, kTvmDimV}, q.options());
   auto lse = at::empty({shape.batch, shape.nodes, shape.heads}, q.options().dtype(at::kFloat));
@@ -97,7 +98,7 @@ std::vector<at::Tensor> tree_verify_mla(const at::Tensor& q, const at::Tensor& k
   args.scale = scale;
   args.num_splits = num_splits;
   const cudaError_t err = tree_verify_mla_launch(args, c10::cuda::getCurrentCUDAStream());
-  TORCH_CHECK(err == cudaSuccess, "tree_verify_mla: launch failed: ", cudaGetErrorString(err));
+  TORCH_CHECK(err == cudaSuccess, "tree_verify_mla: launch failed: ", kdb::fmt(cudaGetErrorString(err)));
   return {o_lat, lse};
 }
 

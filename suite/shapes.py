@@ -99,6 +99,7 @@ class GenerationShape:
     max_width: int = 4               # ddtree_width_capped
     branching: tuple[int, ...] = (4, 2, 1)  # static_kary: children per node at each depth
     category: str = "random"
+    dtype: Literal["auto", "float32", "bfloat16", "float64"] = "auto"   # auto: bf16 on GPU, f64 tiny on CPU
 
     def validate(self):
         from kdbench.references.model_config import get_preset, preset_names

@@ -86,3 +86,30 @@ def test_topology_kind_is_schema_only_with_link_fields(tmp_path):
     assert [r.link for r in recs] == ["nvlink", "pcie"]
     assert all(r.status == "skipped" and "not implemented" in r.reason for r in recs)
     assert "NCCL_P2P_DISABLE=1" in recs[1].extra["transport"]
+
+
+def test_divergence_is_classified_by_the_ar_logit_gap():
+    """A planted divergence to AR's least likely token is a MISMATCH (a bug); an identical run is 'yes'."""
+    import torch
+
+    from kdbench.engine.engine import generate, target_from_preset
+    from kdbench.engine.stages import Policy
+    from kdbench.kinds import generation as gen
+
+    model = target_from_preset("tiny", seed=5, device="cpu", dtype=torch.float64)
+    prompts = [[1, 2, 3, 4], [5, 6, 7]]
+    ar = [generate(model, None, prompts, 6, Policy(kind="ar"))]
+    assert gen.losslessness(model, prompts, ar, ar) == ("yes", False)
+    worst = _least_likely_next(model, prompts[1] + ar[0].tokens[1][:2])
+    planted = [type(ar[0])(tokens=[list(ar[0].tokens[0]), ar[0].tokens[1][:2] + [worst] + ar[0].tokens[1][3:]])]
+    verdict, bug = gen.losslessness(model, prompts, ar, planted)
+    assert bug and verdict.startswith("no: MISMATCH (prompt 1, position 2, AR logit gap"), verdict
+
+
+def _least_likely_next(model, prefix):
+    import torch
+    n = len(prefix)
+    cache = model.new_cache(1, n + 1)
+    out = model.forward(torch.tensor([prefix]), torch.arange(n)[None], cache, torch.zeros(1, dtype=torch.int32),
+                        kv_limit=n, logit_rows=torch.tensor([n - 1], dtype=torch.int32), attn="torch")
+    return int(out.logits[0, 0].argmin())

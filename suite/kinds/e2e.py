@@ -44,9 +44,10 @@ def _run_backend(case, ctx, backend: str) -> Iterator[Record]:
                       "drafter": make(0, 1).name, "tau_convention": "tau counts the bonus token",
                       "ar_tokens_per_s": ar_rec.tokens_per_s, "ar_step_median_s": ar_rec.time_median_s})
     if s.temperature == 0:
-        rec.lossless = gen.first_divergence(ar, spec)
+        rec.lossless, bug = gen.losslessness(model, all_prompts, ar, spec)
         if rec.lossless != "yes":
-            rec.status, rec.reason = "fail", f"greedy speculative output differs from AR: {rec.lossless}"
+            rec.status = "fail" if bug else "info"
+            rec.reason = f"greedy speculative output differs from AR: {rec.lossless}"
     yield ar_rec
     yield rec
 
