@@ -98,6 +98,6 @@ def bytes_moved(case, inputs: dict) -> float:
     return float(s.batch * n * per_node)
 
 
-def flops(case) -> float:
+def flops(case, inputs: dict) -> float:
     s = case.shape
     return float(s.batch * (s.budget + 1) * (1 if s.mode == "greedy" else s.vocab))

@@ -78,7 +78,7 @@ def bytes_moved(case, inputs: dict) -> float:
     return float(s.batch * s.depth * s.vocab * common.ELEMENT_BYTES[case.dtype])
 
 
-def flops(case) -> float:
+def flops(case, inputs: dict) -> float:
     """exp + add per logit for the logsumexp and one compare per logit for the selection: ~3 per element."""
     s = case.shape
     return 3.0 * s.batch * s.depth * s.vocab

@@ -101,15 +101,19 @@ def check(got: dict, want: dict, tol):
 
 
 def bytes_moved(case, inputs: dict) -> float:
-    """KV rows read once (prefix + tree) + q read + o_lat written + lse written, per request."""
+    """Per request: its KV rows read once (prefix + tree), q read, o_lat written, lse written; the actual
+    (possibly ragged) past lengths of the timed inputs."""
     s, e = case.shape, common.ELEMENT_BYTES[case.dtype]
     d = s.kv_lora + s.rope
     rows = s.nodes * s.heads
-    return float(s.batch * ((s.past_len + s.nodes) * d * e + rows * (d * e + s.kv_lora * e + 4)))
+    kv_rows = float(np.sum(inputs["past_lens"].astype(np.float64) + s.nodes))
+    return kv_rows * d * e + s.batch * rows * (d * e + s.kv_lora * e + 4)
 
 
-def flops(case) -> float:
-    """2*(dc+dr) for q.k plus 2*dc for p.v per (row, visible key): 2176 per pair at 512/64."""
+def flops(case, inputs: dict) -> float:
+    """2*(dc+dr) for q.k plus 2*dc for p.v per (row, key), over every key of the request's prefix + tree
+    (the kernel computes the masked tree tile too): 2176 per pair at 512/64."""
     s = case.shape
     per_pair = 2 * (s.kv_lora + s.rope) + 2 * s.kv_lora
-    return float(per_pair * s.heads * s.nodes * (s.past_len + s.nodes) * s.batch)
+    kv_rows = float(np.sum(inputs["past_lens"].astype(np.float64) + s.nodes))
+    return per_pair * s.heads * s.nodes * kv_rows

@@ -93,7 +93,7 @@ def _measured(fam, case, ctx, backend: str, inputs: dict, trial_checks: list) ->
 def _fill_timing(rec: Record, t, fam, case, inputs, device: str, ctx) -> None:
     rec.time_median_s, rec.time_p20_s, rec.time_p80_s = t.median_s, t.p20_s, t.p80_s
     rec.n_samples, rec.samples_s = len(t.samples_s), list(t.samples_s)
-    rec.bytes_moved, rec.flops = fam.bytes_moved(case, inputs), fam.flops(case)
+    rec.bytes_moved, rec.flops = fam.bytes_moved(case, inputs), fam.flops(case, inputs)
     key = f"ceilings:{device}"
     if key not in ctx.cache:
         ctx.cache[key] = timing.ceilings(device)
