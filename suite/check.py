@@ -131,3 +131,18 @@ def merge(results: list[CheckResult]) -> CheckResult:
 
 def _finite_or_inf(x: float) -> float:
     return math.inf if math.isnan(x) else x
+
+
+def require(got, want, tol: Tolerance, what: str) -> CheckResult:
+    """compare(), raising AssertionError with the figures and the worst element when the check fails
+    (the form tests use, so every test reports a failure the same way)."""
+    res = compare(got, want, tol)
+    if not res.passed:
+        raise AssertionError(f"{what}: rel L2 {res.rel_l2:.3e}, max abs {res.max_abs:.3e}, "
+                             f"{res.pct_outside:.3g}% outside, {res.n_nan} non-finite; worst {res.worst}")
+    return res
+
+
+def require_rel_l2(got, want, rel_l2: float, what: str) -> CheckResult:
+    """Relative L2 error <= rel_l2, every element finite where the reference is (no elementwise bound)."""
+    return require(got, want, Tolerance(rtol=0.0, atol=1e300, rel_l2=rel_l2, max_outside_pct=100.0), what)

@@ -12,15 +12,6 @@ from kdbench.model.synthetic import SyntheticDrafter
 from kdbench.model.transformer import Transformer
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Two shared CPU cores: one intra-op thread avoids oversubscription stalls (up to 10x under load)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 @pytest.fixture(scope="module")
 def target():
     return Transformer.from_reference(get_preset("tiny"), 2)

@@ -17,14 +17,6 @@ from kdbench.model.transformer import Transformer
 from kdbench.references import model as ref
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Two shared CPU cores: one intra-op thread avoids oversubscription stalls (up to 10x under load)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
 SEED, MAX_NEW = 3, 12
 
 

@@ -10,15 +10,6 @@ from kdbench.model.drafter import BlockDrafter
 from kdbench.model.synthetic import SyntheticDrafter
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Two shared CPU cores: one intra-op thread avoids oversubscription stalls (up to 10x under load)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 @pytest.fixture(scope="module")
 def model():
     return target_from_preset("tiny", 0, dtype=torch.float64, reference_init=True)

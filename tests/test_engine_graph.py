@@ -21,15 +21,6 @@ GPU_REASON = "needs a CUDA GPU and the kdbench_cuda extension"
 needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason=GPU_REASON)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Two shared CPU cores: one intra-op thread avoids oversubscription stalls (up to 10x under load)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 # ------------------------------------------------------------------------------------------- any machine
 
 @pytest.fixture(scope="module")

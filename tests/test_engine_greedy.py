@@ -14,14 +14,6 @@ from kdbench.model.synthetic import SyntheticDrafter
 from kdbench.model.transformer import Transformer
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Two shared CPU cores: one intra-op thread avoids oversubscription stalls (up to 10x under load)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
 N_PROMPTS, MAX_NEW, SEED = 20, 16, 0
 BUDGETS = (1, 2, 8, 64)
 

@@ -16,14 +16,6 @@ from kdbench.model.synthetic import SyntheticDrafter, greedy_oracle
 from kdbench.model.transformer import Transformer
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Two shared CPU cores: one intra-op thread avoids oversubscription stalls (up to 10x under load)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
 V, PROMPT, N_RUNS, N_TOK, TEMP = 16, [3, 7, 1], 3000, 3, 1.0
 P_MIN = 1e-3  # conservative: fixed seeds make the verdict deterministic; the power check below needs p << P_MIN
 

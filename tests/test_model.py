@@ -17,14 +17,6 @@ from kdbench.references import moe as ref_moe
 from kdbench.references import tree_build as ref_tb
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Two shared CPU cores: one intra-op thread avoids oversubscription stalls (up to 10x under load)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
 REL = 1e-9  # float64 torch vs float64 numpy: different summation orders only
 
 

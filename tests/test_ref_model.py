@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from kdbench.check import require_rel_l2
 from kdbench.references import model as M
 from kdbench.references.model_config import get_preset
 
@@ -12,14 +13,7 @@ MODELS = [("tiny", 40), ("tiny-groups", 41)]  # (preset, seed): q_lora 32 / one 
 
 
 def assert_rel_l2(actual, expected, tol: float, what: str) -> None:
-    """Relative L2 error <= tol; the message names the worst element with both values."""
-    actual, expected = np.asarray(actual), np.asarray(expected)
-    assert actual.shape == expected.shape, f"{what}: shape {actual.shape} != {expected.shape}"
-    assert np.isfinite(actual).all(), f"{what}: non-finite at {np.argwhere(~np.isfinite(actual))[:5].tolist()}"
-    diff = np.abs(actual - expected)
-    err = np.linalg.norm(diff) / max(np.linalg.norm(expected), 1e-300)
-    worst = np.unravel_index(np.argmax(diff), diff.shape)
-    assert err <= tol, f"{what}: rel L2 {err:.3e} > {tol:.0e}; worst {worst}: {actual[worst]!r} vs {expected[worst]!r}"
+    require_rel_l2(actual, expected, tol, what)
 
 
 def assert_out_rows(out: M.ForwardOut, rows, ref: M.ForwardOut, ref_rows, tol: float, what: str) -> None:

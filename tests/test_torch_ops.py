@@ -12,14 +12,6 @@ from kdbench.references import tree_accept as ref_acc
 from kdbench.references import tree_build as ref_tb
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Two shared CPU cores: one intra-op thread avoids oversubscription stalls (up to 10x under load)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
 TREE_KEYS = ("tokens", "parents", "depths", "first_child", "next_sibling")
 
 
