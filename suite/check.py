@@ -93,14 +93,19 @@ def _compare_floats(g, w, got_raw, want_raw, rtol: float, atol: float, tol: Tole
     pct = 100.0 * float(np.count_nonzero(outside)) / w.size
     passed = (n_nan == 0 and not want_bad.any() and pct <= tol.max_outside_pct
               and (tol.rel_l2 is None or rel_l2 <= tol.rel_l2))
-    worst = _worst(g, w, diff - allowed, got_bad | want_bad, want_raw.shape)
+    worst = _worst(g, w, diff, allowed, got_bad | want_bad, want_raw.shape)
     return CheckResult(bool(passed), n_nan, max_abs, max_rel, rel_l2, pct, worst)
 
 
-def _worst(g, w, excess, nonfinite_bad, shape) -> str:
-    """The first non-finite mismatch if any, else the element with the largest error beyond its allowance."""
+def _worst(g, w, diff, allowed, nonfinite_bad, shape) -> str:
+    """The first non-finite mismatch if any, else the element with the largest error beyond its allowance,
+    else (every element within its allowance) the element with the largest absolute error."""
     bad = np.flatnonzero(nonfinite_bad)
-    k = int(bad[0]) if bad.size else int(np.argmax(excess))
+    excess = diff - allowed
+    if bad.size:
+        k = int(bad[0])
+    else:
+        k = int(np.argmax(excess)) if (excess > 0).any() else int(np.argmax(diff))
     return f"{_index(k, shape)} (got={_fmt(g[k])}, want={_fmt(w[k])})"
 
 
