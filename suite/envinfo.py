@@ -53,12 +53,15 @@ def _git(*args: str) -> str:
 
 
 def git_state() -> dict[str, Any]:
-    """sha of HEAD and whether tracked files differ from it ('' and a reason outside a git checkout)."""
+    """sha of HEAD and whether tracked files differ from it. Outside a git checkout (the GPU machine gets a
+    copy of the working tree without .git) the sha comes from $KDBENCH_GIT_SHA when the caller sets it."""
     try:
         return {"sha": _git("rev-parse", "HEAD"),
                 "dirty": bool(_git("status", "--porcelain", "--untracked-files=no"))}
     except (OSError, subprocess.SubprocessError) as exc:
-        return {"sha": "", "dirty": False, "reason": f"no git state: {type(exc).__name__}"}
+        sha = os.environ.get("KDBENCH_GIT_SHA", "")
+        reason = "from $KDBENCH_GIT_SHA" if sha else f"no git state: {type(exc).__name__}"
+        return {"sha": sha, "dirty": False, "reason": reason}
 
 
 def _nvml_gpus() -> tuple[list[dict[str, Any]], str]:

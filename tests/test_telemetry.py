@@ -193,3 +193,18 @@ def test_gpu_slug():
     assert envinfo.gpu_slug({"gpus": [{"name": "NVIDIA RTX PRO 6000 Blackwell"}]}) == \
         "nvidia-rtx-pro-6000-blackwell"
     assert envinfo.gpu_slug({"gpus": []}) == "cpu"
+
+
+def test_git_sha_falls_back_to_the_environment_outside_a_checkout(monkeypatch):
+    import subprocess
+
+    from kdbench import envinfo
+
+    def no_git(*args):
+        raise subprocess.CalledProcessError(128, "git")
+
+    monkeypatch.setattr(envinfo, "_git", no_git)
+    monkeypatch.setenv("KDBENCH_GIT_SHA", "25be075")
+    assert envinfo.git_state() == {"sha": "25be075", "dirty": False, "reason": "from $KDBENCH_GIT_SHA"}
+    monkeypatch.delenv("KDBENCH_GIT_SHA")
+    assert envinfo.git_state()["sha"] == ""

@@ -3,6 +3,7 @@
 # Usage (device machine, repo root): bash reports/h200/run_tests.sh OUT_DIR
 set -uo pipefail
 out=${1:?OUT_DIR}; mkdir -p "$out"; export PYTHONUNBUFFERED=1 MPLBACKEND=Agg; t0=$(date +%s)
+# The device gets the working tree without .git: pass the commit as KDBENCH_GIT_SHA=<sha> when calling.
 { nvidia-smi; nvidia-smi topo -m; nvidia-smi -q -d CLOCK; } > "$out/env.txt" 2>&1
 python3 -m pip install -q --no-build-isolation --no-deps -e . > "$out/install.log" 2>&1 || { tail -20 "$out/install.log"; exit 1; }
 timeout 400 kdbench build > "$out/build.log" 2>&1; echo "build rc=$? at $(( $(date +%s) - t0 )) s"
