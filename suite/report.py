@@ -1,31 +1,29 @@
 """The run report: one self-contained HTML file (jinja2, autoescaped, plots as data: URIs) rendered from a
-run directory's saved records.jsonl + meta.json only. Tables are computed here; templates only loop/format.
+run directory's saved records.jsonl + meta.json only. Tables come from report_tables, plot inputs are
+prepared here; templates only loop and format.
 """
 from __future__ import annotations
 
 import json
 import math
-from collections import Counter
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import jinja2
 
 from kdbench import plots
+from kdbench import report_tables as tables
+from kdbench.report_tables import missing as _missing, ratio as _ratio, shape_of as _shape
 from kdbench.results import Record, atomic_write_text, load_meta, load_records
 
-STATUS_ORDER = ("pass", "fail", "error", "skipped", "ambiguous", "info")
 TEMPLATES = Path(__file__).resolve().parent / "templates"
 
 
 # ------------------------------------------------------------------------------------------ formatting
 
-def _missing(x) -> bool:
-    return x is None or (isinstance(x, float) and math.isnan(x))
-
-
 def fmt_num(x, digits: int = 4) -> str:
+    """`digits` significant digits; integers when the rounded value has no fraction digit left (1440, not
+    1.44e+03); exponent form below 1e-3 and from 1e5."""
     if _missing(x):
         return "–"
     if isinstance(x, bool):
@@ -34,10 +32,15 @@ def fmt_num(x, digits: int = 4) -> str:
         return str(x)
     if not isinstance(x, float):
         return str(x)
-    if x == 0 or math.isinf(x):
+    if x == 0:
+        return "0"
+    if math.isinf(x):
         return str(x).replace("inf", "∞")
     if abs(x) >= 1e5 or abs(x) < 1e-3:
         return f"{x:.{digits - 1}e}"
+    exponent = math.floor(math.log10(abs(x)))
+    if exponent >= digits - 1:
+        return f"{round(x, digits - 1 - exponent):.0f}"
     return f"{x:.{digits}g}"
 
 
@@ -50,8 +53,17 @@ def fmt_time(seconds) -> str:
     return f"{seconds / 1e-9:.3g} ns"
 
 
+def fmt_time_range(lo, hi) -> str:
+    """p20-p80 in the unit of the high end: '28.4–42.5 µs', '0.968–1.06 ms'."""
+    if _missing(lo) or _missing(hi):
+        return "–"
+    value, unit = fmt_time(hi).split(" ")
+    scale = float(hi) / float(value) if float(value) else 1.0
+    return f"{lo / scale:.3g}–{value} {unit}"
+
+
 def fmt_pct(x) -> str:
-    return "–" if _missing(x) else f"{x:.3g}%"
+    return "–" if _missing(x) else f"{fmt_num(float(x), 3)}%"
 
 
 def fmt_change(pct) -> str:
@@ -59,21 +71,36 @@ def fmt_change(pct) -> str:
     return "–" if _missing(pct) else f"{pct:+.1f}%"
 
 
+def fmt_times(x) -> str:
+    """A speedup factor: 12.3×."""
+    return "–" if _missing(x) else f"{fmt_num(float(x), 3)}×"
+
+
 def cell(value, fmt: str = "text") -> str:
-    """The one cell formatter the templates use: text | num | time | pct | int."""
+    """The one cell formatter the templates use: text | note (wrapping text) | num (3 significant digits) |
+    time | pct | int | x (a speedup factor)."""
     if fmt == "time":
         return fmt_time(value)
     if fmt == "pct":
         return fmt_pct(value)
+    if fmt == "x":
+        return fmt_times(value)
     if fmt in ("num", "int"):
-        return fmt_num(value)
+        return fmt_num(value, 3)
     return "" if value is None else str(value)
+
+
+def span(pair, fmt: str = "num") -> str:
+    """A (low, high) range as 'low–high', or one value when both ends format alike."""
+    lo, hi = (cell(v, fmt) for v in pair)
+    return lo if lo == hi else f"{lo}–{hi}"
 
 
 def environment() -> jinja2.Environment:
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATES)), autoescape=True,
                              undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True)
-    env.filters.update(cell=cell, num=fmt_num, time=fmt_time, pct=fmt_pct, change=fmt_change)
+    env.filters.update(cell=cell, num=fmt_num, time=fmt_time, pct=fmt_pct, change=fmt_change, span=span,
+                       time_range=fmt_time_range)
     return env
 
 
@@ -98,198 +125,182 @@ def torn_lines(run_dir: Path) -> int:
     return bad
 
 
-def _shape(rec: Record) -> dict[str, Any]:
-    try:
-        value = json.loads(rec.shape) if rec.shape else {}
-    except json.JSONDecodeError:
-        return {}
-    return value if isinstance(value, dict) else {}
+# ------------------------------------------------------------------------------------------ latency plots
 
-
-def _ratio(a: float, b: float) -> float:
-    return a / b if not _missing(a) and not _missing(b) and b > 0 else math.nan
-
-
-# ------------------------------------------------------------------------------------------ summary
-
-def headline(rec: Record) -> str:
-    """The one-line result of a row, whatever its kind."""
-    parts = []
-    if rec.kind == "kernel" and rec.trials:
-        parts.append(f"max_abs {fmt_num(rec.max_abs)}, {fmt_pct(rec.pct_outside)} outside")
-    if not _missing(rec.tau):
-        parts.append(f"tau {fmt_num(rec.tau)}")
-    if not _missing(rec.tokens_per_s):
-        parts.append(f"{fmt_num(rec.tokens_per_s)} tok/s")
-    if not _missing(rec.speedup_vs_ar):
-        parts.append(f"{fmt_num(rec.speedup_vs_ar, 3)}x vs AR")
-    if not _missing(rec.time_median_s):
-        parts.append(f"median {fmt_time(rec.time_median_s)}")
-    if not _missing(rec.pct_of_floor_rate):
-        parts.append(f"{fmt_pct(rec.pct_of_floor_rate)} of floor rate")
-    return "; ".join(parts)
-
-
-def summary(records: list[Record]) -> tuple[list[tuple[str, int]], list[dict[str, Any]]]:
-    counts = Counter(r.status for r in records)
-    ordered = [(s, counts.get(s, 0)) for s in STATUS_ORDER]
-    ordered += [(s, n) for s, n in sorted(counts.items()) if s not in STATUS_ORDER]
-    rank = {s: i for i, s in enumerate(STATUS_ORDER[:5])}
-    rows = [{"rec": r, "headline": headline(r), "note": r.reason or ("" if r.status == "pass" else r.worst)}
-            for r in sorted(records, key=lambda r: rank.get(r.status, 9))]
-    return ordered, rows
-
-
-# ------------------------------------------------------------------------------------------ sections
-
-def _varying(shapes: list[dict[str, Any]]) -> tuple[str | None, list[str]]:
-    """(x axis, other keys): x is the numeric shape key with the most distinct values; the other keys
-    that vary (numeric or not) split the lines so that no line mixes two settings."""
+def _varying(shapes: list[dict[str, Any]]) -> tuple[list[str], list[str]]:
+    """(numeric keys that vary, most distinct values first; all keys that vary)."""
     keys = sorted({k for s in shapes for k in s})
     distinct = {k: len({json.dumps(s.get(k), sort_keys=True) for s in shapes}) for k in keys}
     varying = sorted((k for k in keys if distinct[k] > 1), key=lambda k: (-distinct[k], k))
     numeric = [k for k in varying if all(isinstance(s.get(k), (int, float)) and not isinstance(s.get(k), bool)
                                          for s in shapes)]
-    if not numeric:
-        return None, varying
-    return numeric[0], [k for k in varying if k != numeric[0]]
+    return numeric, varying
 
 
-def _series_label(rec: Record, shape: dict, others: list[str]) -> str:
-    return " ".join([rec.backend or rec.kind] + [f"{k}={shape.get(k)}" for k in others])
+def _by_value(text: str) -> tuple:
+    """Sort key of a JSON-encoded shape value: numbers by value (8 before 16), then anything else as text."""
+    value = json.loads(text)
+    numeric = isinstance(value, (int, float)) and not isinstance(value, bool)
+    return (0, value, "") if numeric else (1, 0, text)
 
 
-def _latency_plot(recs: list[Record]) -> dict | None:
-    timed = [r for r in recs if not _missing(r.time_median_s)]
-    shapes = [_shape(r) for r in timed]
-    x, others = _varying(shapes)
-    if x is None:
-        return None
+def _anchor(shapes: list[dict[str, Any]], x: str, others: list[str]) -> tuple:
+    """The values of the other varying keys at which a line along x is drawn: the setting with the most
+    distinct x values, then the most rows, then the one nearest the middle of each key's sorted values."""
+    values = {k: sorted({json.dumps(s.get(k), sort_keys=True) for s in shapes}, key=_by_value) for k in others}
+    found: dict[tuple, list] = {}
+    for s in shapes:
+        found.setdefault(tuple(json.dumps(s.get(k), sort_keys=True) for k in others), []).append(s[x])
+
+    def score(item):
+        anchor, xs = item
+        off_centre = sum(abs(values[k].index(v) - (len(values[k]) - 1) / 2) for k, v in zip(others, anchor))
+        return (len(set(xs)), len(xs), -off_centre)
+    return max(found.items(), key=score)[0]
+
+
+def _latency_panel(recs: list[Record], shapes: list[dict], x: str, others: list[str], scale: float) -> dict:
+    anchor = _anchor(shapes, x, others)
     series: dict[str, list[tuple]] = {}
-    for rec, shape in zip(timed, shapes):     # ms so the axis reads naturally
-        series.setdefault(_series_label(rec, shape, others), []).append(
-            (shape[x], 1e3 * rec.time_median_s, 1e3 * rec.time_p20_s, 1e3 * rec.time_p80_s))
-    uri = plots.lines(series, x, "median time (ms), band p20-p80", logy=True)
-    return uri and {"title": f"Latency vs {x}", "uri": uri,
-                    "caption": f"median per case with its p20-p80 band; one line per backend"
-                               f"{' and ' + ', '.join(others) if others else ''}"}
+    for rec, s in zip(recs, shapes):
+        if tuple(json.dumps(s.get(k), sort_keys=True) for k in others) == anchor:
+            series.setdefault(rec.backend or rec.kind, []).append(
+                (s[x], rec.time_median_s / scale, rec.time_p20_s / scale, rec.time_p80_s / scale))
+    fixed = ", ".join(f"{k}={json.loads(v)}" for k, v in zip(others, anchor))
+    return {"title": fixed and f"at {fixed}", "xlabel": x, "series": series}
+
+
+def _latency_plot(group: str, recs: list[Record]) -> dict | None:
+    """Small multiples for one sweep (rows of one case name before '['): one panel per numeric shape key
+    that varies (at most 3), the other varying keys held at one setting, one line per backend."""
+    shapes = [_shape(r) for r in recs]
+    numeric, varying = _varying(shapes)
+    if not numeric:
+        return None
+    scale, unit = (1e-6, "µs") if tables.median(r.time_median_s for r in recs) < 1e-3 else (1e-3, "ms")
+    panels = [_latency_panel(recs, shapes, x, [k for k in varying if k != x], scale) for x in numeric[:3]]
+    uri = plots.panels(panels, f"median time ({unit}), band p20-p80", logy=True)
+    constant = ", ".join(f"{k}={v}" for k, v in sorted(shapes[0].items()) if k not in varying)
+    return uri and {"title": f"Latency vs {', '.join(numeric[:3])} ({group})", "uri": uri, "wide": len(panels) > 1,
+                    "caption": f"median per case with its p20-p80 band, one line per backend; each panel varies "
+                               f"one key with the others at the setting named above it"
+                               f"{'; fixed: ' + constant if constant else ''}"}
+
+
+def _latency_plots(recs: list[Record]) -> list[dict]:
+    """One latency figure per sweep that compares backends (or, when none does, per sweep of one backend)."""
+    timed = [r for r in recs if not _missing(r.time_median_s) and r.time_median_s > 0]
+    sweeps: dict[tuple, list[Record]] = {}
+    for r in timed:
+        sweeps.setdefault((r.scenario, r.case.split("[", 1)[0], r.dtype), []).append(r)
+    compared = {k: g for k, g in sweeps.items() if len({r.backend for r in g}) > 1}
+    plot_list = [_latency_plot(name, g) for (_, name, _), g in (compared or sweeps).items()]
+    return [p for p in plot_list if p]
 
 
 def _roofline_plot(recs: list[Record], family: str) -> dict | None:
     points, ceilings = [], None
     for r in recs:
         ceilings = ceilings or r.extra.get("ceilings")
-        rate = _ratio(r.flops, r.time_median_s)
-        points.append({"label": r.backend, "intensity": _ratio(r.flops, r.bytes_moved), "rate": rate})
+        points.append({"label": r.backend, "intensity": _ratio(r.flops, r.bytes_moved),
+                       "rate": _ratio(r.flops, r.time_median_s)})
     uri = plots.roofline(points, ceilings)
     shown = sum(1 for p in points if p["intensity"] > 0 and p["rate"] > 0)
     note = f"{len(points) - shown} timed rows without flops or bytes are not drawn" if shown < len(points) else ""
-    return uri and {"title": f"Roofline: {family}", "uri": uri,
+    return uri and {"title": f"Roofline: {family}", "uri": uri, "wide": False,
                     "caption": "achieved FLOP/s = flops / median time against intensity = flops / bytes_moved; "
                                "the roof is min(matmul rate, intensity x copy bandwidth) measured on this "
                                f"machine{'. ' + note if note else ''}"}
 
 
-KERNEL_COLUMNS = [
-    ("case", "case", "text"), ("backend", "backend", "text"), ("dtype", "dtype", "text"),
-    ("status", "status", "text"), ("trials", "trials", "int"), ("NaN/inf", "n_nan", "int"),
-    ("max abs", "max_abs", "num"), ("max rel", "max_rel", "num"), ("rel L2", "rel_l2", "num"),
-    ("% outside", "pct_outside", "pct"), ("median", "time_median_s", "time"), ("p20", "time_p20_s", "time"),
-    ("p80", "time_p80_s", "time"), ("n", "n_samples", "int"), ("GB/s", "gb_per_s", "num"),
-    ("TFLOP/s", "tflop_per_s", "num"), ("floor", "floor_s", "time"),
-    ("% of floor rate", "pct_of_floor_rate", "pct"), ("SM MHz", "sm_clock_mhz", "num"), ("throttle", "throttle", "text"), ("worst / reason", "note", "text"),
-]
+# ------------------------------------------------------------------------------------------ generation plots
+
+def _tau_plot(recs: list[Record]) -> dict | None:
+    """tau against budget, one line per (policy, backend, dtype) and per setting of the keys that vary inside
+    it; drawn only when some line has two budgets."""
+    lines: dict[str, list[tuple]] = {}
+    groups = tables.grouped([r for r in recs if not _missing(r.tau) and "budget" in _shape(r)],
+                             lambda r: (tables.policy_label(r).split("(")[0], r.backend, r.dtype))
+    for (policy, backend, dtype), g in groups.items():
+        shapes = [_shape(r) for r in g]
+        split = [k for k in _varying(shapes)[1] if k not in ("budget", "policy")]
+        for r, s in zip(g, shapes):
+            label = " ".join([f"{policy} ({backend}, {dtype})"] + [f"{k}={s.get(k)}" for k in split])
+            lines.setdefault(label, []).append((s["budget"], r.tau))
+    if max((len(v) for v in lines.values()), default=0) < 2:
+        return None
+    uri = plots.lines(lines, "tree budget (nodes)", "tau (tokens per step, bonus included)")
+    return uri and {"title": "tau vs budget per policy", "uri": uri, "wide": False,
+                    "caption": "tau = committed tokens / verify steps, counting the bonus token"}
 
 
-def _row(rec: Record, **extra) -> dict[str, Any]:
-    row = asdict(rec)
-    row["note"] = rec.reason or ("" if rec.status in ("pass", "info") else rec.worst)
-    row.update(extra)
-    return row
+def _labeller(recs: list[Record]):
+    """Row labels for the generation plots: 'case (backend)', plus the policy when one case holds several
+    (an e2e case times its AR baseline under the same case name)."""
+    pairs = [(r.case, r.backend) for r in recs]
+    with_policy = len(set(pairs)) < len(pairs)
+    return lambda r: (f"{r.case}: {tables.policy_label(r)} ({r.backend})" if with_policy
+                      else f"{r.case} ({r.backend})")
 
 
-def kernel_section(family: str, recs: list[Record]) -> dict:
-    rows = [_row(r, gb_per_s=_ratio(r.bytes_moved, r.time_median_s) / 1e9,
-                 tflop_per_s=_ratio(r.flops, r.time_median_s) / 1e12) for r in recs]
-    plot_list = [p for p in (_roofline_plot(recs, family), _latency_plot(recs)) if p]
-    return {"title": f"kernel: {family}", "columns": KERNEL_COLUMNS, "rows": rows, "plots": plot_list}
+def _generation_plots(recs: list[Record]) -> list[dict]:
+    out, label = [_tau_plot(recs)], _labeller(recs)
+    drafted = [r for r in recs if r.extra.get("per_depth_accept")][:8]
+    uri = plots.lines({label(r): [(d + 1, float(a)) for d, a in enumerate(r.extra["per_depth_accept"])]
+                       for r in drafted}, "draft depth d", "a_d: fraction of steps reaching depth d", logx=False)
+    out.append(uri and {"title": "acceptance by depth", "uri": uri, "wide": False,
+                        "caption": "unconditional per-depth acceptance (tau = 1 + sum of a_d); first 8 rows"})
+    accepted = [r for r in recs if not _missing(r.tau)][:8]
+    uri = plots.histogram({label(r): tables.hist_fractions(r) for r in accepted},
+                          "accept length per step (bonus included)")
+    out.append(uri and {"title": "accept-length histogram", "uri": uri, "wide": False,
+                        "caption": "fraction of verify steps committing each number of tokens (first 8 rows)"})
+    uri = plots.stacked_stages([(label(r), r.extra.get("stage_s") or {}) for r in recs])
+    out.append(uri and {"title": "step time by stage", "uri": uri, "wide": False,
+                        "caption": "mean time per step in each stage (Record.extra['stage_s']); AR rows are one "
+                                   "token per step"})
+    return [p for p in out if p]
 
 
-GEN_COLUMNS = [
-    ("case", "case", "text"), ("backend", "backend", "text"), ("policy", "policy", "text"),
-    ("budget", "budget", "int"), ("status", "status", "text"), ("tau", "tau", "num"),
-    ("per-depth acceptance", "per_depth", "text"), ("tokens/s", "tokens_per_s", "num"),
-    ("speedup vs AR", "speedup_vs_ar", "num"), ("predicted speedup", "predicted_speedup", "num"),
-    ("TTFT", "ttft_s", "time"), ("TPOT", "tpot_s", "time"), ("J / token", "energy_j_per_token", "num"),
-    ("lossless", "lossless", "text"), ("SM MHz", "sm_clock_mhz", "num"), ("power W", "power_w", "num"),
-    ("reason", "note", "text"),
-]
+# ------------------------------------------------------------------------------------------ sections
 
-
-def _per_depth(rec: Record) -> str:
-    rates = rec.extra.get("per_depth_accept") or []
-    text = ", ".join(fmt_num(float(x), 2) for x in rates[:8] if x is not None)
-    return text + (", …" if len(rates) > 8 else "")
-
-
-def _hist_fractions(rec: Record) -> dict[int, float]:
-    """extra['accept_len_hist']: {accept length: steps} (or a list indexed by length) -> fractions."""
-    raw = rec.extra.get("accept_len_hist") or {}
-    items = raw.items() if isinstance(raw, dict) else enumerate(raw)
-    hist = {int(k): float(v) for k, v in items if v}
-    total = sum(hist.values())
-    return {k: v / total for k, v in hist.items()} if total else {}
+def kernel_section(family: str, recs: list[Record], best: dict) -> dict:
+    rows = tables.kernel_rows(recs, best)
+    plot_list = [p for p in [_roofline_plot(recs, family)] + _latency_plots(recs) if p]
+    return {"type": "kernel", "title": f"kernel: {family}", **tables.layout(tables.KERNEL_COLUMNS, rows),
+            "rows": rows, "plots": plot_list, "compared": any(r["baseline"] for r in rows)}
 
 
 def generation_section(kind: str, recs: list[Record]) -> dict:
-    shapes = [_shape(r) for r in recs]
-    rows = [_row(r, policy=s.get("policy", ""), budget=s.get("budget"), per_depth=_per_depth(r))
-            for r, s in zip(recs, shapes)]
-    plot_list = []
-    _, others = _varying(shapes)
-    split = [k for k in others if k not in ("budget", "policy")]   # e.g. category, temperature
-    tau: dict[str, list[tuple]] = {}
-    for r, s in zip(recs, shapes):
-        if not _missing(r.tau) and "budget" in s:
-            label = " ".join([f"{s.get('policy', '?')} ({r.backend})"] + [f"{k}={s.get(k)}" for k in split])
-            tau.setdefault(label, []).append((s["budget"], r.tau))
-    uri = plots.lines(tau, "tree budget (nodes)", "tau (tokens per step, bonus included)")
-    if uri:
-        plot_list.append({"title": "tau vs budget per policy", "uri": uri,
-                          "caption": "tau = committed tokens / verify steps, counting the bonus token"})
-    hists = {f"{r.case} ({r.backend})": _hist_fractions(r) for r in recs[:8]}
-    uri = plots.histogram(hists, "accept length per step (bonus included)")
-    if uri:
-        plot_list.append({"title": "accept-length histogram", "uri": uri,
-                          "caption": "fraction of verify steps committing each number of tokens (first 8 rows)"})
-    stages = [(f"{r.case} ({r.backend})", r.extra.get("stage_s") or {}) for r in recs]
-    uri = plots.stacked_stages(stages)
-    if uri:
-        plot_list.append({"title": "step time by stage", "uri": uri,
-                          "caption": "mean seconds per speculative step in each stage (Record.extra['stage_s'])"})
-    return {"title": kind, "columns": GEN_COLUMNS, "rows": rows, "plots": plot_list}
+    rows = tables.generation_rows(recs)
+    return {"type": "generation", "title": kind, **tables.layout(tables.GEN_COLUMNS, rows), "rows": rows,
+            "plots": _generation_plots(recs)}
 
 
-GENERIC_COLUMNS = [
-    ("case", "case", "text"), ("backend", "backend", "text"), ("link", "link", "text"), ("shape", "shape", "text"),
-    ("status", "status", "text"), ("median", "time_median_s", "time"), ("reason", "note", "text"),
-]
+def _groups(records: list[Record]) -> dict[tuple[str, str], list[Record]]:
+    return tables.grouped(records, lambda r: (r.kind, r.family if r.kind == "kernel" else ""))
 
 
-def sections(records: list[Record]) -> list[dict]:
-    groups: dict[tuple[str, str], list[Record]] = {}
-    for r in records:
-        groups.setdefault((r.kind, r.family if r.kind == "kernel" else ""), []).append(r)
+def sections(records: list[Record], best: dict) -> list[dict]:
     out = []
-    for (kind, family), recs in groups.items():
+    for (kind, family), recs in _groups(records).items():
         if kind == "kernel":
-            out.append(kernel_section(family, recs))
+            out.append(kernel_section(family, recs, best))
         elif kind in ("acceptance", "e2e"):
             out.append(generation_section(kind, recs))
         else:
-            out.append({"title": kind, "columns": GENERIC_COLUMNS, "rows": [_row(r) for r in recs],
-                        "plots": [p for p in (_latency_plot(recs),) if p]})
+            rows = [tables.row(r) for r in recs]
+            out.append({"type": "generic", "title": kind, **tables.layout(tables.GENERIC_COLUMNS, rows),
+                        "rows": rows, "plots": _latency_plots(recs)})
     return out
+
+
+def headlines(records: list[Record], best: dict) -> dict[str, list[dict]]:
+    groups = _groups(records)
+    return {"kernel": [tables.kernel_headline(fam, recs, best) for (kind, fam), recs in groups.items()
+                       if kind == "kernel"],
+            "acceptance": tables.acceptance_headline(groups.get(("acceptance", ""), [])),
+            "e2e": tables.e2e_headline(groups.get(("e2e", ""), []))}
 
 
 # ------------------------------------------------------------------------------------------ environment
@@ -317,25 +328,23 @@ def env_rows(fp: dict[str, Any]) -> list[tuple[str, str]]:
     return rows
 
 
-def _ceiling_sources(records: list[Record]) -> list[str]:
-    return sorted({str(r.extra["ceilings"].get("source", "")) for r in records
-                   if isinstance(r.extra.get("ceilings"), dict)})
-
-
 def context(run_dir: Path, records: list[Record], meta: dict[str, Any]) -> dict[str, Any]:
-    counts, rows = summary(records)
-    finished = is_finished(meta)
+    best = tables.best_baselines(records)
     return {
         "title": f"kdbench run {run_dir.name}",
         "meta": meta,
-        "partial": not finished,
+        "partial": not is_finished(meta),
         "run_status": meta.get("status", "no meta.json") if meta else "no meta.json",
         "torn": torn_lines(run_dir),
-        "counts": counts,
-        "summary_rows": rows,
-        "sections": sections(records),
+        "n_records": len(records),
+        "counts": tables.verdict_counts(records),
+        "attention": tables.attention_rows(records),
+        "skipped": tables.skipped_groups(records),
+        "headlines": headlines(records, best),
+        "sections": sections(records, best),
         "env_rows": env_rows(meta.get("fingerprint") or {}),
-        "ceiling_sources": _ceiling_sources(records),
+        "ceilings": tables.ceiling_rows(records),
+        "telemetry": tables.telemetry_rows(records),
         "scenarios": meta.get("scenarios") or [],
     }
 

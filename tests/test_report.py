@@ -1,14 +1,18 @@
 """Tests of kdbench.report: renders from a synthetic run directory of every kind, escapes markup in names,
-handles killed runs (torn last line, no 'finished' status), embeds plots as data: URIs, links nothing."""
+handles killed runs (torn last line, no 'finished' status), embeds plots as data: URIs, links nothing; the
+summary lists only rows needing attention; headline speedups use the best baseline of the same case."""
 import json
+import math
 import re
 import subprocess
 import sys
+import warnings
 
 import numpy as np
 import pytest
 
 from kdbench import report
+from kdbench import report_tables as tables
 from kdbench.results import Record, RunWriter
 
 EVIL = "<script>alert(1)</script>"
@@ -127,3 +131,114 @@ def test_formatters():
     assert report.fmt_num(1234567.0) == "1.235e+06" and report.fmt_num(0.5) == "0.5"
     assert report.fmt_num(None) == "–" and report.fmt_pct(12.345) == "12.3%"
     assert report.cell(3, "int") == "3" and report.cell(None) == ""
+
+
+# ------------------------------------------------------------------------------------------ summary and headline
+
+def speed_rec(case: str, backend: str, median: float, dtype: str = "bfloat16", status: str = "pass") -> Record:
+    return Record("kernels", "kernel", case, "tree_build", backend, dtype, "NVIDIA H200", status=status,
+                  time_median_s=median, time_p20_s=median, time_p80_s=median, n_samples=10,
+                  pct_of_floor_rate=1e-6 / median, repro=f"kdbench run k.yaml --filter {case}")
+
+
+def speed_run() -> list[Record]:
+    """Case a: torch_sdpa is the fastest baseline (numpy_ref is faster but is the reference, not a baseline)
+    -> cuda 5x. Case b: the only same-dtype baseline is torch -> 2x (a float32 torch row is faster but another
+    dtype; a failing torch_sdpa row is faster but does not count). Case c: cuda fails -> no speedup."""
+    return [speed_rec("a", "cuda", 1e-4), speed_rec("a", "torch", 1e-3), speed_rec("a", "torch_sdpa", 5e-4),
+            speed_rec("a", "numpy_ref", 1e-5, status="info"),
+            speed_rec("b", "cuda", 2e-4), speed_rec("b", "torch", 4e-4), speed_rec("b", "torch", 1e-5, "float32"),
+            speed_rec("b", "torch_sdpa", 1e-5, status="fail"),
+            speed_rec("c", "cuda", 1e-5, status="fail"), speed_rec("c", "torch", 1e-3)]
+
+
+def test_speedup_is_the_best_baseline_over_cuda():
+    recs = speed_run()
+    best = tables.best_baselines(recs)
+    assert [tables.speedup(r, best) for r in recs if r.backend == "cuda"] == [
+        (pytest.approx(5.0), "torch_sdpa"), (pytest.approx(2.0), "torch"), (pytest.approx(float("nan"), nan_ok=True), "")]
+    h = tables.kernel_headline("tree_build", recs, best)
+    assert (h["cases"], h["rows"], h["pass"], h["bad"], h["compared"]) == (4, 10, 7, 2, 2)  # b/float32 is a case
+    assert h["speedup_median"] == pytest.approx(3.5) and h["speedup_min"] == pytest.approx(2.0)
+    assert h["speedup_min_case"] == "b"
+    # % of floor rate = 1e-6 / median: passing cuda rows a (1e-2) and b (5e-3), the failing c is left out
+    assert h["floor_pct"] == pytest.approx(7.5e-3)
+
+
+def test_headline_and_speedup_cells_in_the_html(tmp_path):
+    html = report.render(write_run(tmp_path / "speed", speed_run(), {"status": "finished"})).read_text("utf-8")
+    headline = html[html.index("<h3>Kernel families</h3>"):html.index("<h2>kernel: tree_build</h2>")]
+    assert ">3.5×</td>" in headline and ">2×</td>" in headline and "<td>b</td>" in headline
+    assert "5× <span class=\"muted\">torch_sdpa</span>" in html and "2× <span class=\"muted\">torch</span>" in html
+
+
+def _attention_block(html: str) -> str:
+    return html[html.index("<h3>Needs attention</h3>"):html.index("<h2>Conventions</h2>")].split("<h3>")[1]
+
+
+def test_summary_lists_only_rows_needing_attention(tmp_path):
+    recs = [kernel_rec(f"ok{i}", "cuda", 16, 1e-4) for i in range(5)]
+    recs += [kernel_rec("broken", "cuda", 16, 1e-4, status="fail", reason="outside tolerance: (1, 2)"),
+             kernel_rec("crashed", "torch", 16, 1e-4, status="error", reason="RuntimeError: boom")]
+    recs += [kernel_rec(f"skip{i}", "cuda", 16, math.nan, status="skipped", reason="cuda extension not built")
+             for i in range(3)]
+    html = report.render(write_run(tmp_path / "att", recs, {"status": "finished"})).read_text("utf-8")
+    block = _attention_block(html)
+    assert "broken" in block and "crashed" in block and "RuntimeError: boom" in block
+    assert block.index("broken") < block.index("crashed")                      # failures first
+    assert not any(f"ok{i}" in block or f"skip{i}" in block for i in range(5))
+    skipped = html[html.index("skipped rows"):html.index("</table>", html.index("skipped rows"))]
+    assert skipped.count("cuda extension not built") == 1 and ">3</td>" in skipped
+    assert "tree_verify_mla/cuda (3)" in skipped
+
+
+def test_clean_run_says_nothing_needs_attention(full_html, tmp_path):
+    run = write_run(tmp_path / "clean", [kernel_rec("a", "torch", 16, 1e-3)], {"status": "finished"})
+    assert "No row failed, errored or is ambiguous." in report.render(run).read_text("utf-8")
+    assert "No row failed" not in full_html      # full_run plants one failing row
+
+
+def test_generation_headlines():
+    acc = [gen_rec("acceptance", p, b, t) for p in ("ddtree", "chain") for b, t in ((16, 3.0), (64, 4.1))]
+    for r in acc:      # the kinds name the policy in extra['policy'] and family
+        r.extra["policy"] = r.family = f"{json.loads(r.shape)['policy']}(B={json.loads(r.shape)['budget']})"
+    rows = {h["policy"]: h for h in tables.acceptance_headline(acc)}
+    assert set(rows) == {"ddtree", "chain"} and rows["ddtree"]["tau"] == (3.0, 4.1)
+    assert rows["ddtree"]["budget"] == (16, 64) and rows["ddtree"]["rows"] == 2
+    ar = gen_rec("e2e", "ddtree", 64, 1.0)
+    ar.extra["policy"], ar.tau, ar.speedup_vs_ar = "ar", math.nan, math.nan
+    e2e = tables.e2e_headline([ar, gen_rec("e2e", "ddtree", 64, 4.0)])
+    assert [(h["policy"], h["tokens_per_s"][0]) for h in e2e] == [("ar", 100.0), ("ddtree", 400.0)]
+
+
+def test_conventions_show_ceilings_and_telemetry(full_html):
+    conv = full_html[full_html.index("<h2>Conventions</h2>"):full_html.index("<h2>Environment</h2>")]
+    assert "counting the bonus token" in conv and "floor = max(bytes_moved" in conv
+    assert ">4 TB/s<" in conv and ">770 TFLOP/s<" in conv and "measured on NVIDIA H200" in conv
+    assert "1980 (1980)" in conv and "throttle reasons" in conv
+
+
+# ------------------------------------------------------------------------------------------ plots and format
+
+def test_rendering_raises_no_matplotlib_warning(tmp_path):
+    """A long legend once collapsed the axes ('constrained_layout not applied'); legends now go outside."""
+    many = [kernel_rec(f"v[nodes={b}]", f"backend{k}_with_a_long_name", b, 1e-4 * (k + 1))
+            for b in (16, 64, 256) for k in range(14)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        report.render(write_run(tmp_path / "many", many, {"status": "finished"}))
+        report.render(full_run(tmp_path))
+
+
+def test_latency_panel_holds_the_other_keys_where_most_rows_are():
+    """Grid heads x nodes with a hole: the nodes panel is drawn at the heads value that has all nodes."""
+    shapes = [{"heads": h, "nodes": n} for h in (8, 16, 64) for n in (16, 64, 256) if (h, n) != (64, 256)]
+    assert report._anchor(shapes, "nodes", ["heads"]) in {("8",), ("16",)}
+    assert report._anchor(shapes, "nodes", ["heads"]) == ("16",)           # the middle one of the tie
+
+
+def test_number_formats():
+    assert report.fmt_num(1439.99, 3) == "1440" and report.fmt_num(0.012345, 3) == "0.0123"
+    assert report.fmt_num(0.0) == "0" and report.cell(4.0, "num") == "4" and report.cell(2.5, "x") == "2.5×"
+    assert report.fmt_time_range(9.68e-4, 1.06e-3) == "0.968–1.06 ms"
+    assert report.span((1.58, 2.11)) == "1.58–2.11" and report.span((3.0, 3.0)) == "3"
