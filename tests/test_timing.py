@@ -66,7 +66,7 @@ def test_cpu_ceilings_are_positive_and_say_how(monkeypatch, tmp_path):
     c = timing.ceilings("cpu")
     assert 1e8 < c.copy_bytes_per_s < 1e13           # 0.1 GB/s .. 10 TB/s: plausible for any machine
     assert 1e7 < c.bf16_flops_per_s < 1e14
-    assert "float64" in c.source and "memcpy" in c.source
+    assert "float32 matmul" in c.source and "memcpy" in c.source
     assert timing.ceilings("cpu") is c               # measured once per process
     with pytest.raises(ValueError):
         timing.ceilings("tpu")
