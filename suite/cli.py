@@ -44,6 +44,10 @@ def _run_dir(path: str) -> Path:
 
 def _compare(args) -> int:
     from kdbench import regress
+    if not 0 < args.alpha < 1:
+        raise UserError(f"--alpha: got {args.alpha}, expected a significance level in (0, 1)")
+    if not 0 <= args.min_effect:
+        raise UserError(f"--min-effect: got {args.min_effect}, expected a relative change >= 0")
     base, new = _run_dir(args.base), _run_dir(args.new)
     result = regress.compare(base, new, alpha=args.alpha, min_effect=args.min_effect)
     out = Path(args.out) if args.out else new / "compare.html"

@@ -49,8 +49,10 @@ class Timing:
     flush_l2: bool = True            # GPU: write a 2x-L2 buffer between samples (cold caches)
 
     def validate(self):
-        if self.warmup < 0 or self.repeat < 1:
-            return "repeat", f"got warmup={self.warmup}, repeat={self.repeat}; expected warmup >= 0, repeat >= 1"
+        if self.warmup < 0:
+            return "warmup", f"got {self.warmup}, expected an integer >= 0"
+        if self.repeat < 1:
+            return "repeat", f"got {self.repeat}, expected an integer >= 1"
         return None
 
 

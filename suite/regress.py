@@ -89,7 +89,7 @@ def _timing_verdict(base: Record, new: Record, alpha: float, min_effect: float) 
     if why:
         return {**out, "verdict": "ambiguous", "note": why}
     if p < alpha and abs(change) >= min_effect:
-        gate = "" if new.status != "info" or change < 0 else "; reference timing, does not gate"
+        gate = "" if new.backend != "numpy_ref" or change < 0 else "; reference timing, does not gate"
         return {**out, "verdict": "slower" if change > 0 else "faster",
                 "note": f"p = {p:.2g} < {alpha:g} and |change| >= {min_effect:.0%}{gate}"}
     if p < alpha:
@@ -150,9 +150,9 @@ def compare(base_dir, new_dir, *, alpha: float = 0.002, min_effect: float = 0.05
     counts = {v: 0 for v in VERDICTS}
     for row in rows:
         counts[row["verdict"]] += 1
-    # 'info' rows (the numpy reference timed on the host, nothing checked) are reported but do not gate
+    # numpy_ref rows (the reference timed on the host, nothing checked) are reported but do not gate
     gating = [r for r in rows
-              if r["verdict"] == "fail" or (r["verdict"] == "slower" and r["new_status"] != "info")]
+              if r["verdict"] == "fail" or (r["verdict"] == "slower" and r["backend"] != "numpy_ref")]
     exit_code = 1 if gating else 0
     return CompareResult(rows, counts, exit_code, _run_notes(Path(base_dir), Path(new_dir)), alpha, min_effect,
                          str(base_dir), str(new_dir))

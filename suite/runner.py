@@ -60,7 +60,14 @@ def make_run_dir(out_dir: str | None, scenarios: list[config.Scenario]) -> Path:
         stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
         names = "+".join(s.name for s in scenarios)[:60]
         out_dir = os.path.join("runs", f"{stamp}-{names}")
+        n = 1
+        while Path(out_dir).exists():                              # two runs started in the same second
+            n += 1
+            out_dir = os.path.join("runs", f"{stamp}-{names}-{n}")
     path = Path(out_dir)
+    if (path / "records.jsonl").exists():
+        raise UserError(f"--out {out_dir}: already holds a run (records.jsonl); choose another directory or "
+                        "delete it first")
     try:
         path.mkdir(parents=True, exist_ok=True)
         probe = path / ".write-probe"
@@ -68,15 +75,15 @@ def make_run_dir(out_dir: str | None, scenarios: list[config.Scenario]) -> Path:
         probe.unlink()
     except OSError as exc:
         raise UserError(f"--out {out_dir}: cannot write there ({exc.strerror or exc})") from None
-    for stale in ("records.jsonl", "results.csv", "report.html", "compare.html"):   # a rerun starts fresh
-        (path / stale).unlink(missing_ok=True)
     return path
 
 
 def run_scenarios(paths: list[str], out_dir: str | None = None, device: str = "auto",
                   filter_expr: str | None = None, progress: bool = True) -> RunOutcome:
     scenarios = [config.load(p) for p in paths]          # validate everything before running anything
-    cases = [c for s in scenarios for c in s.cases if config.matches(c, filter_expr)]
+    every = [c for s in scenarios for c in s.cases]
+    exact = [c for c in every if c.name == filter_expr]            # a repro command names one case exactly
+    cases = exact or [c for c in every if config.matches(c, filter_expr)]
     if not cases:
         raise UserError(f"--filter {filter_expr!r} matches no case in {', '.join(paths)}")
     device, device_name = resolve_device(device)

@@ -47,10 +47,13 @@ class TreeVerifyMlaShape:
     tree: Literal["random", "chain"] = "random"
     kv_lora: int = 512
     rope: int = 64
+    padding: int = 0                 # trailing rows per request with an all-zero mask (o = 0, lse = -inf)
 
     def validate(self):
         if not 1 <= self.nodes <= MAX_BUDGET + 1:
             return "nodes", f"got {self.nodes}, expected 1..{MAX_BUDGET + 1}"
+        if not 0 <= self.padding < self.nodes:
+            return "padding", f"got {self.padding}, expected 0..nodes-1 = {self.nodes - 1}"
         return _positive(self, "batch", "heads", "past_len", "kv_lora", "rope")
 
 
@@ -98,7 +101,7 @@ class GenerationShape:
     draft_len: int = 15              # L, the drafter's block horizon (separate from the tree budget)
     max_width: int = 4               # ddtree_width_capped
     branching: tuple[int, ...] = (4, 2, 1)  # static_kary: children per node at each depth
-    category: str = "random"
+    category: Literal["random", "repetitive"] = "random"
     dtype: Literal["auto", "float32", "bfloat16", "float64"] = "auto"   # auto: bf16 on GPU, f64 tiny on CPU
 
     def validate(self):
@@ -111,8 +114,13 @@ class GenerationShape:
             return "temperature", f"got {self.temperature}, expected >= 0"
         if not 0.0 <= self.quality <= 1.0:
             return "quality", f"got {self.quality}, expected a probability in [0, 1]"
+        if self.max_new_tokens < 2:
+            return "max_new_tokens", (f"got {self.max_new_tokens}, expected >= 2 (the first token comes from "
+                                      "prefill; steps make the rest)")
+        if self.policy == "static_kary" and (not self.branching or min(self.branching) < 1):
+            return "branching", f"got {list(self.branching)}, expected a non-empty list of integers >= 1"
         return _budget(self.budget) or _positive(self, "batch", "prompts", "prompt_len", "draft_len",
-                                                 "max_width") or _nonneg(self, "max_new_tokens")
+                                                 "max_width")
 
 
 def _nonneg(obj, *names):

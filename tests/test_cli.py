@@ -138,3 +138,19 @@ def test_report_renders_a_run_whose_process_was_killed(tmp_path):
 
 def _lines(path: Path) -> int:
     return len(path.read_text().splitlines()) if path.exists() else 0
+
+
+def test_exact_repro_filter_runs_only_that_case(tmp_path):
+    smoke = Path(__file__).parents[1] / "scenarios" / "smoke.yaml"
+    run = tmp_path / "r"
+    assert cli.main(["run", str(smoke), "--device", "cpu", "--out", str(run), "--filter", "tree_verify_mla"]) == 0
+    assert {r.case for r in load_records(run)} == {"tree_verify_mla"}   # not tree_verify_mla-bf16
+
+
+def test_out_directory_holding_a_run_is_refused(scenario, tmp_path, capsys):
+    run = tmp_path / "r"
+    assert cli.main(["run", str(scenario), "--device", "cpu", "--out", str(run), "--filter", "compact"]) == 0
+    before = (run / "records.jsonl").read_text()
+    assert cli.main(["run", str(scenario), "--device", "cpu", "--out", str(run)]) == 2
+    assert "already holds a run" in capsys.readouterr().err
+    assert (run / "records.jsonl").read_text() == before

@@ -89,3 +89,14 @@ def test_generation_kinds_take_engine_backends_only(tmp_path):
                             "    shape: {model: tiny}\n")
     with pytest.raises(ScenarioError, match=r"cases\[0\]\.backends\[0\]: got 'numpy_ref', expected one of torch"):
         config.load(path)
+
+
+@pytest.mark.parametrize("shape, path, fragment", [
+    ("{model: tiny, category: repetitve}", "shape.category", "expected one of 'random', 'repetitive'"),
+    ("{model: tiny, max_new_tokens: 0}", "shape.max_new_tokens", "expected >= 2"),
+    ("{model: tiny, policy: static_kary, branching: [2, 0]}", "shape.branching", "integers >= 1"),
+])
+def test_generation_shape_mistakes_stop_before_running(tmp_path, shape, path, fragment):
+    p = _write(tmp_path, f"name: s\nkind: acceptance\ncases:\n  - name: a\n    shape: {shape}\n")
+    with pytest.raises(ScenarioError, match=rf"cases\[0\]\.{path}: .*{fragment}"):
+        config.load(p)

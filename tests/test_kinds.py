@@ -113,3 +113,28 @@ def _least_likely_next(model, prefix):
     out = model.forward(torch.tensor([prefix]), torch.arange(n)[None], cache, torch.zeros(1, dtype=torch.int32),
                         kv_limit=n, logit_rows=torch.tensor([n - 1], dtype=torch.int32), attn="torch")
     return int(out.logits[0, 0].argmin())
+
+
+def test_float64_cases_and_padding_rows_check_every_backend(tmp_path):
+    """float64 cases run float32 on torch against float64 inputs drawn in float32 (exact compaction); padding
+    rows (all-zero masks) give o = 0 and lse = -inf in every attention baseline."""
+    text = """
+name: k
+kind: kernel
+cases:
+  - name: compact64
+    family: kv_compact
+    backends: [torch]
+    dtype: float64
+    shape: {batch: 3, budget: 8, past_len: 9, layers: 2, dim: 16}
+  - name: verify-padding
+    family: tree_verify_mla
+    backends: [torch, torch_twopass]
+    shape: {batch: 2, heads: 3, nodes: 9, past_len: 21, ragged: true, padding: 2, kv_lora: 32, rope: 8}
+    tolerance: {rtol: 1.0e-4, atol: 1.0e-5, rel_l2: 1.0e-5}
+"""
+    out, recs = _run(tmp_path, text, "k")
+    assert out.exit_code == 0, [(r.case, r.backend, r.reason) for r in recs]
+    assert {(r.case, r.backend, r.status) for r in recs} == {
+        ("compact64", "torch", "pass"), ("verify-padding", "torch", "pass"),
+        ("verify-padding", "torch_twopass", "pass")}

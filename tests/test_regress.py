@@ -19,8 +19,8 @@ def samples(seed: int, median_s: float = 1e-3, n: int = 20, spread: float = 0.03
     return list(median_s * np.exp(rng.normal(0, spread, n)))
 
 
-def rec(case: str, s: list[float] | None = None, status: str = "pass", **kw) -> Record:
-    r = Record("nightly", "kernel", case, "tree_build", "torch", "float32", "NVIDIA H200", status=status,
+def rec(case: str, s: list[float] | None = None, status: str = "pass", backend: str = "torch", **kw) -> Record:
+    r = Record("nightly", "kernel", case, "tree_build", backend, "float32", "NVIDIA H200", status=status,
                samples_s=s or [], n_samples=len(s or []), repro=f"kdbench run x.yaml --filter {case}", **kw)
     if s:
         r.time_median_s = float(np.median(s))
@@ -78,11 +78,20 @@ def test_planted_slowdown_is_slower_and_fails(tmp_path):
 
 
 def test_slower_reference_timing_is_reported_but_does_not_gate(tmp_path):
-    base = write_run(tmp_path / "base", [rec("a", samples(1), status="info")])
-    new = write_run(tmp_path / "new", [rec("a", samples(2, median_s=1.5e-3), status="info")])
+    base = write_run(tmp_path / "base", [rec("a", samples(1), status="info", backend="numpy_ref")])
+    new = write_run(tmp_path / "new", [rec("a", samples(2, median_s=1.5e-3), status="info", backend="numpy_ref")])
     res = compare(base, new)
     assert res.rows[0]["verdict"] == "slower" and "does not gate" in res.rows[0]["note"]
     assert res.exit_code == 0
+
+
+def test_slower_info_row_of_a_backend_gates(tmp_path):
+    """e2e / acceptance rows are 'info' (nothing checked) but time real backends: a slowdown fails."""
+    base = write_run(tmp_path / "base", [rec("a", samples(1), status="info")])
+    new = write_run(tmp_path / "new", [rec("a", samples(2, median_s=1.5e-3), status="info")])
+    res = compare(base, new)
+    assert res.rows[0]["verdict"] == "slower" and "does not gate" not in res.rows[0]["note"]
+    assert res.exit_code == 1
 
 
 def test_speedup_is_faster_and_passes(tmp_path):

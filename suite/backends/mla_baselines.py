@@ -52,9 +52,10 @@ def twopass(q, kv, past_lens, anc, scale, dc: int = 512):
     s_len = kv.shape[1]
     cols = torch.arange(s_len, device=kv.device)
     prefix = (cols[None, :] < past_lens[:, None].long())                # [B, S]
+    real = anc_to_bool(anc, t).any(-1)                                  # [B, T]: padding rows see nothing
     idx = past_lens[:, None].long() + torch.arange(t, device=kv.device)[None, :]   # [B, T]
     tree_kv = torch.gather(kv, 1, idx[..., None].expand(b, t, kv.shape[-1]))        # [B, T, 576]
-    o1, l1 = _masked(q, kv, prefix[:, None, :].expand(b, t, s_len), scale, dc)
+    o1, l1 = _masked(q, kv, prefix[:, None, :] & real[..., None], scale, dc)
     o2, l2 = _masked(q, tree_kv, anc_to_bool(anc, t), scale, dc)
     m = torch.maximum(l1, l2)
     w1 = torch.exp(l1 - m).nan_to_num(0.0)

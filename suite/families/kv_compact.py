@@ -15,7 +15,7 @@ def make_inputs(case, seed: int) -> dict:
     n = s.budget + 1
     past = rng.integers(1, s.past_len + 1, size=s.batch).astype(np.int32)
     n_kv = int(past.max()) + n
-    cache = common.round_to(rng.normal(0, 1, (s.layers, s.batch, n_kv, s.dim)), case.dtype)
+    cache = common.round_to(rng.normal(0, 1, (s.layers, s.batch, n_kv, s.dim)), common.run_dtype(case.dtype))
     width = min(s.depth + 1, n)
     accepted = np.full((s.batch, width), -1, dtype=np.int32)
     lens = np.zeros(s.batch, dtype=np.int32)
@@ -54,7 +54,7 @@ def timed(backend: str, inputs: dict, case, device: str):
 
 def _prepare(backend, inputs, case, device):
     module = common.backend_module(backend)
-    dtype = "float32" if case.dtype == "float64" else case.dtype
+    dtype = common.run_dtype(case.dtype)
     cache = common.to_torch(inputs["cache"], device, dtype)
     past = common.to_torch(inputs["past_lens"], device)
     acc = common.to_torch(inputs["accepted"], device)
@@ -72,7 +72,7 @@ def bytes_moved(case, inputs: dict) -> float:
     acc, lens = inputs["accepted"], inputs["accept_len"]
     moved = sum(int((acc[b, :lens[b]] != np.arange(lens[b])).sum()) for b in range(len(lens)))
     s = case.shape
-    return float(2 * s.layers * moved * s.dim * common.ELEMENT_BYTES[case.dtype])
+    return float(2 * s.layers * moved * s.dim * common.ELEMENT_BYTES[common.run_dtype(case.dtype)])
 
 
 def flops(case, inputs: dict) -> float:

@@ -28,7 +28,7 @@ def make_inputs(case, seed: int) -> dict:
     budgets = (rng.integers(1, shape.budget + 1, size=b) if shape.ragged_budgets and shape.budget > 0
                else np.full(b, shape.budget))
     return {
-        "logits": common.round_to(logits, case.dtype),       # [B, L, V]
+        "logits": common.round_to(logits, common.run_dtype(case.dtype)),       # [B, L, V]
         "budgets": budgets.astype(np.int32),                  # [B]
         "root_tokens": rng.integers(0, v, size=b).astype(np.int64),
         "past_lens": rng.integers(1, 4096, size=b).astype(np.int32),
@@ -61,7 +61,7 @@ def timed(backend: str, inputs: dict, case, device: str):
     if backend == "numpy_ref":
         return lambda: reference(inputs, case)
     module = common.backend_module(backend)
-    logits = common.to_torch(inputs["logits"], device, "float32" if case.dtype == "float64" else case.dtype)
+    logits = common.to_torch(inputs["logits"], device, common.run_dtype(case.dtype))
     budgets = common.to_torch(inputs["budgets"], device)
     roots = common.to_torch(inputs["root_tokens"], device)
     past = common.to_torch(inputs["past_lens"], device)
@@ -75,7 +75,7 @@ def check(got: dict, want: dict, tol):
 def bytes_moved(case, inputs: dict) -> float:
     """Logits read once: the floor of the vocabulary pass (the tree outputs are negligible beside it)."""
     s = case.shape
-    return float(s.batch * s.depth * s.vocab * common.ELEMENT_BYTES[case.dtype])
+    return float(s.batch * s.depth * s.vocab * common.ELEMENT_BYTES[common.run_dtype(case.dtype)])
 
 
 def flops(case, inputs: dict) -> float:

@@ -23,11 +23,13 @@ def make_inputs(case, seed: int) -> dict:
     d = s.kv_lora + s.rope
     past = (rng.integers(1, s.past_len + 1, size=s.batch) if s.ragged else np.full(s.batch, s.past_len))
     n_kv = int(past.max()) + s.nodes
-    kv = common.round_to(rng.standard_normal((s.batch, n_kv, d), dtype=np.float32), case.dtype)
+    kv = common.round_to(rng.standard_normal((s.batch, n_kv, d), dtype=np.float32), common.run_dtype(case.dtype))
     for b in range(s.batch):                     # unused cache slots hold NaN: they must never leak
         kv[b, past[b] + s.nodes:] = np.nan
-    q = common.round_to(rng.standard_normal((s.batch, s.nodes, s.heads, d), dtype=np.float32), case.dtype)
+    q = common.round_to(rng.standard_normal((s.batch, s.nodes, s.heads, d), dtype=np.float32), common.run_dtype(case.dtype))
     vis = np.stack([_tree_visibility(s.nodes, s.tree, rng) for _ in range(s.batch)])
+    if s.padding:                                 # trailing padding rows: anc all zero, they see nothing
+        vis[:, s.nodes - s.padding:, :] = False
     return {"q": q, "kv": kv, "past_lens": past.astype(np.int32), "anc": ref.pack_anc_bits(vis)}
 
 
@@ -84,7 +86,7 @@ def run(backend: str, inputs: dict, case, device: str) -> dict:
 def timed(backend: str, inputs: dict, case, device: str):
     if backend == "numpy_ref":
         return lambda: reference(inputs, case)
-    dtype = "bfloat16" if backend == "cuda" else ("float32" if case.dtype == "float64" else case.dtype)
+    dtype = "bfloat16" if backend == "cuda" else (common.run_dtype(case.dtype))
     q = common.to_torch(inputs["q"], device, dtype)
     kv = common.to_torch(inputs["kv"], device, dtype)
     past = common.to_torch(inputs["past_lens"], device)
@@ -103,7 +105,7 @@ def check(got: dict, want: dict, tol):
 def bytes_moved(case, inputs: dict) -> float:
     """Per request: its KV rows read once (prefix + tree), q read, o_lat written, lse written; the actual
     (possibly ragged) past lengths of the timed inputs."""
-    s, e = case.shape, common.ELEMENT_BYTES[case.dtype]
+    s, e = case.shape, common.ELEMENT_BYTES[common.run_dtype(case.dtype)]
     d = s.kv_lora + s.rope
     rows = s.nodes * s.heads
     kv_rows = float(np.sum(inputs["past_lens"].astype(np.float64) + s.nodes))

@@ -35,6 +35,7 @@ def _run_backend(case, ctx, backend: str) -> Iterator[Record]:
     with Sampler() as spec_tel:
         spec = gen.run_batched(model, make, all_prompts, s, policy, backend, case.seed)
     ar_rec = _timed_record(case, ctx, backend, ar, "ar", ar_tel.summary())
+    ar_rec.tau = 1.0                                    # AR commits one token per request per step
     rec = _timed_record(case, ctx, backend, spec, policy.label, spec_tel.summary())
     stats = gen.step_stats(spec, s.draft_len)
     rec.tau = stats.tau
@@ -67,7 +68,9 @@ def _timed_record(case, ctx, backend: str, results, label: str, tel: dict) -> Re
     t = timing.summarize(step_s)
     rec.time_median_s, rec.time_p20_s, rec.time_p80_s = t.median_s, t.p20_s, t.p80_s
     rec.samples_s, rec.n_samples = step_s, len(step_s)
-    decode_tokens = sum(t for st in steps for t in st.tau)
+    # delivered decode tokens: max_new_tokens per request, the first from prefill; tokens a last step commits
+    # past max_new_tokens are discarded, so they do not count (their time does)
+    decode_tokens = sum(len(r.tokens) for r in results) * (case.shape.max_new_tokens - 1)
     decode_s = float(np.sum(step_s))
     rec.tokens_per_s = decode_tokens / decode_s if decode_s > 0 else math.nan
     prefill = [r.prefill_ns * 1e-9 for r in results]

@@ -63,7 +63,8 @@ def prompts(case, vocab: int) -> list[list[int]]:
 
 def ar_baseline(case, ctx, model, backend: str, batch_prompts) -> GenerateResult:
     s = case.shape
-    key = ("ar", s.model, backend, s.category, s.prompt_len, s.prompts, s.max_new_tokens, s.batch, s.temperature)
+    key = ("ar", s.model, backend, s.category, s.prompt_len, s.prompts, s.max_new_tokens, s.batch, s.temperature,
+           case.seed if s.temperature > 0 else None)   # sampled AR runs depend on the seed
     if key not in ctx.cache:
         ctx.cache[key] = run_batched(model, None, batch_prompts, s, Policy(kind="ar"), backend, case.seed)
     return ctx.cache[key]
