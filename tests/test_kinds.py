@@ -3,6 +3,7 @@ times, speedup, predicted speedup), topology (schema only: skipped with the reas
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pytest
 
@@ -138,3 +139,21 @@ cases:
     assert {(r.case, r.backend, r.status) for r in recs} == {
         ("compact64", "torch", "pass"), ("verify-padding", "torch", "pass"),
         ("verify-padding", "torch_twopass", "pass")}
+
+
+def test_in_place_backends_never_rewrite_the_inputs():
+    """kv_compact runs in place; on the CPU a tensor made from the numpy input must be a copy, or the timed
+    loop would rewrite the inputs that the reference and the post-timing check read."""
+    import numpy as np
+
+    from kdbench import config, families
+
+    case = next(c for c in config.load(Path(__file__).parents[1] / "scenarios" / "smoke.yaml").cases
+                if c.family == "kv_compact")
+    fam = families.get("kv_compact")
+    inputs = fam.make_inputs(case, 7)
+    before = inputs["cache"].copy()
+    fn = fam.timed("torch", inputs, case, "cpu")
+    fn()
+    fn()
+    assert np.array_equal(inputs["cache"], before)

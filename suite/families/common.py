@@ -25,10 +25,12 @@ def round_to(x: np.ndarray, dtype: str) -> np.ndarray:
 
 
 def to_torch(x: np.ndarray, device: str, dtype: str | None = None) -> torch.Tensor:
-    t = torch.from_numpy(np.ascontiguousarray(x))
-    if dtype is not None:
-        t = t.to(TORCH_DTYPES[dtype])
-    return t.to(device)
+    """A device copy of x. Never a view of the numpy array: in-place kernels (kv_compact) must not rewrite
+    the inputs the reference and later checks read."""
+    src = torch.from_numpy(np.ascontiguousarray(x))
+    t = src.to(TORCH_DTYPES[dtype]) if dtype is not None else src
+    t = t.to(device)
+    return t.clone() if t.data_ptr() == src.data_ptr() else t
 
 
 def to_numpy(t: torch.Tensor) -> np.ndarray:
