@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import torch
 
+from kdbench.model.mla import visible_mask as model_mask
+
 
 def anc_to_bool(anc: torch.Tensor, t: int) -> torch.Tensor:
     """anc [B, T, W] int64 -> [B, T, t] bool; bit j % 64 of word j // 64 = tree column j."""
@@ -12,15 +14,7 @@ def anc_to_bool(anc: torch.Tensor, t: int) -> torch.Tensor:
 
 
 def visible_mask(past_lens: torch.Tensor, anc: torch.Tensor, t: int, s_len: int) -> torch.Tensor:
-    """[B, T, S] bool: the committed prefix [0, past_len) plus the tree columns allowed by anc; a row whose
-    anc is all zero is padding and sees nothing (prefix included), matching the kernel's contract."""
-    b = anc.shape[0]
-    cols = torch.arange(s_len, device=anc.device)
-    past = past_lens.long()[:, None, None]                             # [B, 1, 1]
-    tree = anc_to_bool(anc, t)                                         # [B, T, t]
-    real = tree.any(-1, keepdim=True)                                  # [B, T, 1]
-    vis = (cols[None, None, :] < past) & real                          # prefix
-    rel = cols[None, None, :] - past                                   # tree column index
-    in_tree = (rel >= 0) & (rel < t)
-    gathered = torch.gather(tree, 2, rel.clamp(0, t - 1).expand(b, tree.shape[1], s_len))
-    return vis | (in_tree & gathered)
+    """[B, T, S] bool: the model's mask (the committed prefix plus the tree columns allowed by anc), except
+    that a row whose anc is all zero is padding and sees nothing, prefix included: the kernel's contract."""
+    real = anc_to_bool(anc, t).any(-1, keepdim=True)                   # [B, T, 1]
+    return model_mask(past_lens, t, s_len, anc) & real

@@ -22,16 +22,7 @@ def _scores(q, k):
 
 
 def eager(q, kv, past_lens, anc, scale, dc: int = 512):
-    b, t, h, _ = q.shape
-    vis = visible_mask(past_lens, anc, t, kv.shape[1])                 # [B, T, S] bool
-    qf = q.reshape(b, t * h, -1)                                        # [B, T*H, 576]
-    s = _scores(qf, kv.transpose(1, 2)) * scale                         # [B, T*H, S] fp32
-    mask = vis.repeat_interleave(h, dim=1)                              # [B, T*H, S]
-    s = s.masked_fill(~mask, float("-inf"))
-    lse = torch.logsumexp(s, dim=-1)                                    # [B, T*H]
-    p = torch.exp(s - lse.unsqueeze(-1)).nan_to_num(0.0)                # padding rows: all -inf -> 0
-    o = torch.bmm(p.to(kv.dtype), kv[..., :dc].nan_to_num(0.0))         # [B, T*H, dc]
-    return o.reshape(b, t, h, dc), lse.reshape(b, t, h)
+    return _masked(q, kv, visible_mask(past_lens, anc, q.shape[1], kv.shape[1]), scale, dc)
 
 
 def sdpa(q, kv, past_lens, anc, scale, dc: int = 512):
@@ -66,9 +57,11 @@ def twopass(q, kv, past_lens, anc, scale, dc: int = 512):
 
 
 def _masked(q, kv, vis, scale, dc):
+    """Attention of every (node, head) row over kv under vis [B, T, S]; NaN in kv rows nobody sees is masked
+    to -inf in the scores and zeroed in the values (0 * NaN must not reach an output)."""
     b, t, h, _ = q.shape
-    qf = q.reshape(b, t * h, -1)
-    s = _scores(qf, kv.nan_to_num(0.0).transpose(1, 2)) * scale
+    qf = q.reshape(b, t * h, -1)                                        # [B, T*H, 576]
+    s = _scores(qf, kv.transpose(1, 2)) * scale                         # [B, T*H, S] fp32
     s = s.masked_fill(~vis.repeat_interleave(h, dim=1), float("-inf"))
     lse = torch.logsumexp(s, dim=-1)
     p = torch.exp(s - lse.unsqueeze(-1)).nan_to_num(0.0)
