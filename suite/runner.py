@@ -6,6 +6,7 @@ as they finish, so Ctrl-C or a crash keeps every finished case and `kdbench repo
 from __future__ import annotations
 
 import datetime as _dt
+import json
 import os
 import shlex
 import sys
@@ -32,6 +33,14 @@ class RunContext:
 
     def repro(self, case: config.Case) -> str:
         return f"{self.argv_base.format(file=shlex.quote(case.file))} --filter {shlex.quote(case.name)}"
+
+    def record(self, case: config.Case, backend: str, **fields) -> Record:
+        """A Record keyed by the case (scenario, kind, name, family, dtype, this device) with its shape, seed
+        and repro command; `fields` sets the rest (status, reason, dtype override, link, extra, ...)."""
+        fields.setdefault("dtype", case.dtype)
+        return Record(case.scenario, case.kind, case.name, case.family, backend, device=self.device_name,
+                      shape=json.dumps(case.shape_dict(), separators=(",", ":")), seed=case.seed,
+                      repro=self.repro(case), **fields)
 
 
 @dataclass
@@ -129,9 +138,8 @@ def _run_cases(cases: list[config.Case], ctx: RunContext, writer: RunWriter, pro
 
 def error_record(case: config.Case, ctx: RunContext, exc: BaseException, backend: str = "") -> Record:
     tb = traceback.format_exception(type(exc), exc, exc.__traceback__)
-    return Record(case.scenario, case.kind, case.name, case.family, backend, case.dtype, ctx.device_name,
-                  status="error", reason=f"{type(exc).__name__}: {exc}"[:500], seed=case.seed,
-                  extra={"traceback": "".join(tb[-6:])}, repro=ctx.repro(case))
+    return ctx.record(case, backend, status="error", reason=f"{type(exc).__name__}: {exc}"[:500],
+                      extra={"traceback": "".join(tb[-6:])})
 
 
 def _progress(i: int, n: int, name: str, elapsed: float) -> None:

@@ -2,7 +2,6 @@
 baseline (cached per run), the drafter, and the per-step statistics both kinds report."""
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 
 import numpy as np
@@ -162,6 +161,4 @@ def logit_gap(model, prefix: list[int], a: int, b: int) -> float:
 
 def base_record(case, ctx, backend: str) -> Record:
     dtype = str(model_dtype(ctx.device, case.shape)).replace("torch.", "")
-    return Record(case.scenario, case.kind, case.name, case.family, backend, dtype, ctx.device_name,
-                  shape=json.dumps(case.shape_dict(), separators=(",", ":")), seed=case.seed,
-                  repro=ctx.repro(case))
+    return ctx.record(case, backend, dtype=dtype)

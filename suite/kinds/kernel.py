@@ -2,7 +2,6 @@
 poisoned, a re-check after timing), then timing per backend with the roofline figures."""
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Iterator
 
@@ -116,6 +115,4 @@ def _fill_telemetry(rec: Record, summary: dict) -> None:
 
 
 def _record(case, ctx, backend: str, status: str, reason: str = "") -> Record:
-    return Record(case.scenario, case.kind, case.name, case.family, backend, case.dtype, ctx.device_name,
-                  shape=json.dumps(case.shape_dict(), separators=(",", ":")), seed=case.seed,
-                  status=status, reason=reason, repro=ctx.repro(case))
+    return ctx.record(case, backend, status=status, reason=reason)

@@ -3,7 +3,6 @@ expert-parallel runs over NVLink vs PCIe come with the multi-GPU issue; until th
 as skipped with that reason, and the GPU pairs this machine has (from NVML) are attached."""
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 
 from kdbench.results import Record
@@ -15,8 +14,5 @@ def run(case, ctx) -> Iterator[Record]:
     from kdbench.topology import gpu_pairs
     s = case.shape
     transport = "NCCL P2P over NVLink" if s.link == "nvlink" else "NCCL_P2P_DISABLE=1 (host-staged PCIe)"
-    yield Record(case.scenario, case.kind, case.name, case.family, ",".join(case.backends), case.dtype,
-                 ctx.device_name, link=s.link, shape=json.dumps(case.shape_dict(), separators=(",", ":")),
-                 seed=case.seed, status="skipped", reason=REASON,
-                 extra={"transport": transport, "gpus": s.gpus, "parallel": s.parallel,
-                        "pairs": gpu_pairs()}, repro=ctx.repro(case))
+    yield ctx.record(case, ",".join(case.backends), link=s.link, status="skipped", reason=REASON,
+                     extra={"transport": transport, "gpus": s.gpus, "parallel": s.parallel, "pairs": gpu_pairs()})
