@@ -21,9 +21,10 @@ std::vector<at::Tensor> tree_build_topk(const at::Tensor& draft_logits, int64_t 
 
 // tree_verify_mla: q [B,T,H,576] bf16, kv [B,S,576] bf16 (tree rows at past_len..past_len+T-1),
 // past_lens [B] i32, anc [B,T,W] i64, scale = softmax scale. Returns {o_lat [B,T,H,512] bf16, lse [B,T,H] f32}.
+// impl: "auto" (wgmma on sm_90, else mma.sync), "wgmma" (sm_90 only) or "mma" (the mma.sync kernel).
 std::vector<at::Tensor> tree_verify_mla(const at::Tensor& q, const at::Tensor& kv,
                                         const at::Tensor& past_lens, const at::Tensor& anc,
-                                        double scale);
+                                        double scale, const std::string& impl);
 
 // tree_accept: tokens [B,N] i64, first_child/next_sibling [B,N] i32, n_nodes [B] i32.
 // Returns {accepted [B, max_depth+1] i32 (-1 pad, root first), accept_len [B] i32, bonus [B] i64}.

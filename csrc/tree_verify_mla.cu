@@ -1,7 +1,10 @@
-// tree_verify_mla: absorbed MLA attention under a tree ancestor mask, bf16 mma.sync m16n8k16, fp32 softmax.
+// tree_verify_mla: absorbed MLA attention under a tree ancestor mask, bf16 tensor cores, fp32 softmax.
 // One CTA = 64 query rows (row = node * H + head) x one KV split; each 64-token x 576 KV tile is loaded once
-// into shared memory and read both as K (576 columns) and V (first 512). Design: plans/0004-kernels.md.
+// into shared memory and read both as K (576 columns) and V (first 512). Two MMA paths over one smem layout:
+// wgmma (sm_90a, two warpgroups) and mma.sync (sm_80+, eight warps). Design: plans/0004-kernels.md.
 #include "tree_verify_mla.h"
+
+#include "ptx_mma.h"
 
 #include <algorithm>
 #include <cmath>
@@ -11,21 +14,23 @@ namespace {
 
 constexpr int kBlockM = 64;                     // query rows per CTA (4 row groups of 16)
 constexpr int kBlockN = 64;                     // KV tokens per tile
-constexpr int kThreads = 256;                   // 8 warps: warp = 2 * row_group + column_half
-constexpr int kRowBytes = kTvmDimQK * 2;        // 1152 B per bf16 row of Q or KV
-constexpr int kChunks = kRowBytes / 16;         // 72 16-byte chunks per row (a multiple of 8: swizzle stays in row)
-constexpr int kTileBytes = kBlockM * kRowBytes; // 73,728 B: the Q tile and each KV stage (kBlockM == kBlockN)
-constexpr int kPRowBytes = kBlockN * 2;         // 128 B per row of P (bf16)
+constexpr int kThreads = 256;                   // 8 warps = 2 warpgroups; see Roles
+constexpr int kChunks = kTvmDimQK * 2 / 16;     // 72 16-byte chunks per bf16 row of Q or KV
+constexpr int kColBlockBytes = kBlockM * 128;   // 8,192 B: 64 rows x 64 columns (one 128-byte swizzle block)
+constexpr int kTileBytes = (kChunks / 8) * kColBlockBytes;  // 73,728 B: Q tile and each KV stage (9 blocks)
 constexpr int kOffKv = kTileBytes;              // smem map: Q | KV stage 0 | KV stage 1 | P | max[2][64] | sum[2][64]
-constexpr int kOffP = 3 * kTileBytes;
-constexpr int kOffMax = kOffP + kBlockM * kPRowBytes;
+constexpr int kOffP = 3 * kTileBytes;           // P: 64 rows x 64 tokens bf16 = one column block
+constexpr int kOffMax = kOffP + kColBlockBytes;
 constexpr int kOffSum = kOffMax + 2 * kBlockM * 4;
-constexpr int kSmemBytes = kOffSum + 2 * kBlockM * 4;  // 230,400 B (H100/H200 allow 232,448 per block)
+constexpr int kSmemUsed = kOffSum + 2 * kBlockM * 4;  // 230,400 B
+constexpr int kSmemBytes = kSmemUsed + 1024;    // + slack to align the base to the 1024-byte swizzle atom
+                                                // (231,424 B; H100/H200 allow 232,448 per block)
 constexpr int kMaxSplits = 64;
 constexpr int kSplitOverheadTiles = 2;          // cost of one extra split in KV-tile units (Q load, epilogue, combine)
 constexpr float kLn2 = 0.693147180559945309f;
 static_assert(kBlockM == kBlockN, "Q tile and KV stages share one size");
-static_assert(kChunks % 8 == 0, "the XOR swizzle permutes chunks within groups of 8");
+static_assert(kChunks % 8 == 0, "rows split into whole 64-column blocks");
+static_assert(kOffKv % 1024 == 0 && kOffP % 1024 == 0, "wgmma swizzle atoms need 1024-byte aligned tiles");
 
 struct Params {
   const __nv_bfloat16* q;
@@ -40,89 +45,74 @@ struct Params {
   float scale_log2;  // scale * log2(e): scores live in log2 units so exp2 needs no extra multiply
 };
 
-// ---- PTX wrappers (sm_80+ instructions; identical on sm_90a and sm_120) ----
-__device__ __forceinline__ uint32_t smem_addr(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-// src_bytes = 0 zero-fills the 16 smem bytes without reading src (out-of-range rows never reach smem).
-__device__ __forceinline__ void cp_async_16(uint32_t dst, const void* src, bool valid) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
-__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], uint32_t addr) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
-}
-__device__ __forceinline__ void ldsm_x4_trans(uint32_t (&r)[4], uint32_t addr) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
-}
-// d[16x8 f32] += a[16x16 bf16, row] * b[16x8 bf16, col]. Lane (g = lane/4, c = lane%4) holds
-// d[0..1] = (row g, cols 2c, 2c+1), d[2..3] = (row g+8, cols 2c, 2c+1).
-__device__ __forceinline__ void mma_16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-      "{%0,%1,%2,%3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-// Barrier for the two warps of one row group (64 threads); ids 1..4, id 0 is __syncthreads.
+// Barrier for the two warps that own the same 16 rows (64 threads); ids 1..4, id 0 is __syncthreads.
 __device__ __forceinline__ void pair_sync(int row_group) {
   asm volatile("bar.sync %0, 64;\n" ::"r"(row_group + 1) : "memory");
 }
 
-// Byte offset of 16-byte chunk `chunk` of row `row` in a swizzled tile. XOR with (row & 7) puts the
-// 8 rows one ldmatrix phase reads (same logical chunk) in 8 different bank groups.
-__device__ __forceinline__ uint32_t swz(int row, int chunk, int row_bytes) {
-  return row * row_bytes + ((chunk ^ (row & 7)) << 4);
+// Roles. Both paths split a tile's work in two column halves ch: tokens [32 ch, 32 ch + 32) for S = Q K^T and
+// dims [256 ch, 256 ch + 256) for O += P V, and hand a thread rows 16 rg + lane / 4 (+ 8) in the m16n8
+// C-fragment layout, so the softmax and the epilogue are shared. mma.sync: warp = 2 rg + ch. wgmma: warpgroup
+// ch = warp / 4, rg = warp % 4 (a warpgroup's accumulator rows are 16 per warp).
+struct Role {
+  int rg, ch, lane;
+};
+template <bool kWgmma>
+__device__ __forceinline__ Role role() {
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  return kWgmma ? Role{warp & 3, warp >> 2, lane} : Role{warp >> 1, warp & 1, lane};
 }
 
-// Copies rows [row0, row0 + 64) of a row-major [*, 576] bf16 matrix into a swizzled smem tile;
-// rows >= row_end are zero-filled, so NaN in unused cache slots cannot enter the PV product.
-// Thread layout per pass: 32 rows x 8 chunks (a warp reads 4 rows x 128 contiguous bytes); 2 passes x 9
-// column groups. Row r + 32k keeps (r & 7), so chunk 8j + c8 lands at one base + immediates.
+// Shared-memory layout of a 64-row tile (Q, each KV stage, P): 64-column blocks of 64 rows x 128 B, block-major;
+// 16-byte chunk c of row r sits in block c / 8 at chunk (c % 8) ^ (r % 8). This is wgmma's 128-byte swizzle
+// (atoms of 8 rows x 128 B), and for ldmatrix the 8 rows of one phase hit 8 different bank groups.
+__device__ __forceinline__ uint32_t tile_off(int row, int chunk) {
+  return (chunk >> 3) * kColBlockBytes + row * 128 + (((chunk & 7) ^ (row & 7)) << 4);
+}
+
+// Copies rows [row0, row0 + 64) of a row-major [*, 576] bf16 matrix into a tile; rows >= row_end are
+// zero-filled, so NaN in unused cache slots cannot enter the PV product. Thread layout per pass: 32 rows x 8
+// chunks (a warp reads 4 rows x 128 contiguous bytes); 2 passes x 9 blocks, each at one base + immediates.
 __device__ __forceinline__ void load_tile(uint32_t dst, const __nv_bfloat16* src, int row0, int row_end) {
   static_assert(kThreads == 256 && kChunks == 72 && kBlockM == 64, "thread layout assumes 256 x (64 x 72)");
   const int c8 = threadIdx.x & 7, r = threadIdx.x >> 3;
-  const uint32_t d = dst + swz(r, c8, kRowBytes);
+  const uint32_t d = dst + tile_off(r, c8);
 #pragma unroll
   for (int k = 0; k < 2; ++k) {
     const int row = row0 + r + 32 * k;
     const bool valid = row < row_end;
     const __nv_bfloat16* g = src + static_cast<size_t>(valid ? row : 0) * kTvmDimQK + 8 * c8;
 #pragma unroll
-    for (int j = 0; j < kChunks / 8; ++j) cp_async_16(d + 32 * kRowBytes * k + 128 * j, g + 64 * j, valid);
+    for (int j = 0; j < kChunks / 8; ++j) cp_async_16(d + 32 * 128 * k + kColBlockBytes * j, g + 64 * j, valid);
   }
 }
 
-// Per-lane ldmatrix offsets into a swizzled tile: off[i] = swz(row, 2 * i + hi). Because the swizzle only
-// permutes chunks within groups of 8, chunk 8 * k + 2 * i + hi of the same row sits at off[i] + 128 * k,
-// so the unrolled loops below use 4 registers plus immediates instead of one address per k-step.
-__device__ __forceinline__ void chunk_offsets(uint32_t (&off)[4], int row, int hi, int row_bytes) {
+// ---- mma.sync path ----
+// Per-lane ldmatrix offsets: off[i] = tile_off(row, 2 i + hi); chunk 8 k + 2 i + hi of the same row is at
+// off[i] + k * kColBlockBytes, so the unrolled loops use 4 registers plus immediates.
+__device__ __forceinline__ void chunk_offsets(uint32_t (&off)[4], int row, int hi) {
 #pragma unroll
-  for (int i = 0; i < 4; ++i) off[i] = swz(row, 2 * i + hi, row_bytes);
+  for (int i = 0; i < 4; ++i) off[i] = tile_off(row, 2 * i + hi);
 }
 
 // S[16 x 32] = Q[rows 16*rg.., 576] . K[tokens 32*ch.., 576]^T; s[nt] covers tile columns 32*ch + 8*nt.
 // ldmatrix A: lanes 0-15 address rows 0-15 at k-chunk 2kk, lanes 16-31 the same rows at 2kk+1.
 // ldmatrix B (x4 = two n8 tiles): lanes 0-7 tokens 0-7 chunk 2kk, 8-15 tokens 0-7 chunk 2kk+1,
 // 16-23 tokens 8-15 chunk 2kk, 24-31 tokens 8-15 chunk 2kk+1 -> {b0, b1} of n-tile 0, {b0, b1} of n-tile 1.
-__device__ __forceinline__ void qk_tile(float (&s)[4][4], uint32_t q_tile, uint32_t k_tile, int rg, int ch,
-                                        int lane) {
+__device__ __forceinline__ void qk_tile_mma(float (&s)[4][4], uint32_t q_tile, uint32_t k_tile, Role w) {
 #pragma unroll
   for (int nt = 0; nt < 4; ++nt) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.f;
   uint32_t a_off[4], b_off[4];
-  chunk_offsets(a_off, 16 * rg + (lane & 15), lane >> 4, kRowBytes);
-  chunk_offsets(b_off, 32 * ch + (lane & 7) + ((lane >> 4) << 3), (lane >> 3) & 1, kRowBytes);
+  chunk_offsets(a_off, 16 * w.rg + (w.lane & 15), w.lane >> 4);
+  chunk_offsets(b_off, 32 * w.ch + (w.lane & 7) + ((w.lane >> 4) << 3), (w.lane >> 3) & 1);
 #pragma unroll
   for (int kk = 0; kk < kTvmDimQK / 16; ++kk) {
     uint32_t a[4];
-    ldsm_x4(a, q_tile + a_off[kk & 3] + 128 * (kk >> 2));
+    ldsm_x4(a, q_tile + a_off[kk & 3] + kColBlockBytes * (kk >> 2));
 #pragma unroll
     for (int p = 0; p < 2; ++p) {  // tokens +16 rows: same (row & 7), so the same swizzle
       uint32_t b[4];
-      ldsm_x4(b, k_tile + b_off[kk & 3] + 128 * (kk >> 2) + 16 * kRowBytes * p);
+      ldsm_x4(b, k_tile + b_off[kk & 3] + kColBlockBytes * (kk >> 2) + 16 * 128 * p);
       mma_16816(s[2 * p], a, b[0], b[1]);
       mma_16816(s[2 * p + 1], a, b[2], b[3]);
     }
@@ -132,23 +122,55 @@ __device__ __forceinline__ void qk_tile(float (&s)[4][4], uint32_t q_tile, uint3
 // O[16 x 256] += P[rows 16*rg.., 64 tokens] . V[64 tokens, dims 256*ch..]; acc[j] covers dims 256*ch + 8*j.
 // ldmatrix.trans B (x4): lanes 0-7 tokens 0-7 dims +0, 8-15 tokens 8-15 dims +0, 16-23 tokens 0-7 dims +8,
 // 24-31 tokens 8-15 dims +8 -> {b0, b1} of n-tile 2jj, {b0, b1} of n-tile 2jj+1.
-__device__ __forceinline__ void pv_tile(float (&acc)[32][4], uint32_t p_tile, uint32_t v_tile, int rg, int ch,
-                                        int lane) {
+__device__ __forceinline__ void pv_tile_mma(float (&acc)[32][4], uint32_t p_tile, uint32_t v_tile, Role w) {
   uint32_t a_off[4], v_off[4];
-  chunk_offsets(a_off, 16 * rg + (lane & 15), lane >> 4, kPRowBytes);
-  chunk_offsets(v_off, (lane & 7) + (((lane >> 3) & 1) << 3), lane >> 4, kRowBytes);
+  chunk_offsets(a_off, 16 * w.rg + (w.lane & 15), w.lane >> 4);
+  chunk_offsets(v_off, (w.lane & 7) + (((w.lane >> 3) & 1) << 3), w.lane >> 4);
 #pragma unroll
   for (int kt = 0; kt < kBlockN / 16; ++kt) {
     uint32_t a[4];
     ldsm_x4(a, p_tile + a_off[kt]);
 #pragma unroll
-    for (int jj = 0; jj < 16; ++jj) {  // dims 256*ch + 16*jj = chunk 32*ch + 8*(jj/4) + 2*(jj%4)
+    for (int jj = 0; jj < 16; ++jj) {  // dims 256*ch + 16*jj = block 4*ch + jj/4, chunk 2*(jj%4) (+1)
       uint32_t b[4];
-      ldsm_x4_trans(b, v_tile + v_off[jj & 3] + 128 * (4 * ch + (jj >> 2)) + 16 * kRowBytes * kt);
+      ldsm_x4_trans(b, v_tile + v_off[jj & 3] + kColBlockBytes * (4 * w.ch + (jj >> 2)) + 16 * 128 * kt);
       mma_16816(acc[2 * jj], a, b[0], b[1]);
       mma_16816(acc[2 * jj + 1], a, b[2], b[3]);
     }
   }
+}
+
+// ---- wgmma path (sm_90a): the warpgroup's 4 warps share each B operand, read once from smem by the MMA ----
+// S[64 x 32] = Q[64 x 576] . K[tokens 32*ch.., 576]^T: 9 column blocks x 4 k16 steps, both K-major.
+// A k16 step advances the start address by 32 B inside the swizzle atom (the hardware applies the XOR).
+__device__ __forceinline__ void qk_tile_wgmma(float (&s)[4][4], uint32_t q_tile, uint32_t k_tile, Role w) {
+  const uint64_t da = wgmma_desc(q_tile, 16, 1024), db = wgmma_desc(k_tile + 32 * 128 * w.ch, 16, 1024);
+#pragma unroll
+  for (int nt = 0; nt < 4; ++nt) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.f;  // defined input to the asm
+  wgmma_fence();
+#pragma unroll
+  for (int kk = 0; kk < kTvmDimQK / 16; ++kk) {
+    const uint64_t step = (kColBlockBytes * (kk >> 2) + 32 * (kk & 3)) >> 4;  // in the 16-byte address units
+    wgmma_m64n32k16<0>(s, da + step, db + step, kk > 0);
+  }
+  wgmma_commit();
+  wgmma_wait_all();
+#pragma unroll
+  for (int nt = 0; nt < 4; ++nt) reg_fence(s[nt][0]), reg_fence(s[nt][1]), reg_fence(s[nt][2]), reg_fence(s[nt][3]);
+}
+
+// O[64 x 256] += P[64 x 64 tokens] . V[64 tokens x dims 256*ch..]: P K-major, V MN-major (tokens are rows of
+// 128 B per 64-dim block): lbo = 8 KB to the next dim block, sbo = 1 KB to the next 8 tokens.
+__device__ __forceinline__ void pv_tile_wgmma(float (&acc)[32][4], uint32_t p_tile, uint32_t v_tile, Role w) {
+  const uint64_t da = wgmma_desc(p_tile, 16, 1024);
+  const uint64_t db = wgmma_desc(v_tile + 4 * w.ch * kColBlockBytes, kColBlockBytes, 1024);
+  wgmma_fence();
+#pragma unroll
+  for (int kt = 0; kt < kBlockN / 16; ++kt) wgmma_m64n256k16<1>(acc, da + ((32 * kt) >> 4), db + ((16 * 128 * kt) >> 4), 1);
+  wgmma_commit();
+  wgmma_wait_all();
+#pragma unroll
+  for (int j = 0; j < 32; ++j) reg_fence(acc[j][0]), reg_fence(acc[j][1]), reg_fence(acc[j][2]), reg_fence(acc[j][3]);
 }
 
 // Visibility of the 64 columns of a tile for one node: bit t <=> cache row past_len + j0 + t is visible,
@@ -176,13 +198,15 @@ struct RowState {
   float l[2];  // this lane's partial row sum (its 8 columns per tile), rescaled with m
 };
 
-// Online softmax for one tile: mask (tail tiles only), row max across the warp pair, rescale O,
-// write P (bf16) for the pair's PV. Ends with a pair barrier, so P is ready on return.
+// Online softmax for one tile: mask (tail tiles only), row max across the two column halves, rescale O,
+// write P (bf16). Ends with the barrier that publishes P to its readers: the warp pair (mma.sync reads its
+// own 16 rows) or the CTA after an async-proxy fence (each warpgroup's wgmma reads all 64 rows).
+template <bool kWgmma>
 __device__ __forceinline__ void softmax_tile(float (&s)[4][4], float (&acc)[32][4], RowState& st,
                                              const uint64_t (&vis)[2], bool masked, float scale_log2,
-                                             uint8_t* smem, int rg, int ch, int lane) {
+                                             uint8_t* smem, Role w) {
   float* red_max = reinterpret_cast<float*>(smem + kOffMax);  // [2 halves][64 rows]
-  const int g = lane >> 2, c = lane & 3;
+  const int g = w.lane >> 2, c = w.lane & 3, rg = w.rg, ch = w.ch;
   float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
   for (int nt = 0; nt < 4; ++nt) {
@@ -225,11 +249,15 @@ __device__ __forceinline__ void softmax_tile(float (&s)[4][4], float (&acc)[32][
       const float p0 = exp2f(s[nt][2 * h] - m_use[h]), p1 = exp2f(s[nt][2 * h + 1] - m_use[h]);
       st.l[h] += p0 + p1;
       const int row = 16 * rg + g + 8 * h, chunk = 4 * ch + nt;  // column 32*ch + 8*nt + 2c
-      *reinterpret_cast<__nv_bfloat162*>(p_tile + swz(row, chunk, kPRowBytes) + 4 * c) =
-          __floats2bfloat162_rn(p0, p1);
+      *reinterpret_cast<__nv_bfloat162*>(p_tile + tile_off(row, chunk) + 4 * c) = __floats2bfloat162_rn(p0, p1);
     }
   }
-  pair_sync(rg);
+  if constexpr (kWgmma) {
+    fence_proxy_async_smem();
+    __syncthreads();
+  } else {
+    pair_sync(rg);
+  }
 }
 
 // True unless all anc words of the node are zero (a padding node sees nothing, prefix included).
@@ -243,9 +271,9 @@ __device__ __forceinline__ bool node_is_real(const uint64_t* anc_row, int words)
 // final lse, or fp32 partials for the combine kernel in split mode).
 template <bool kSplit>
 __device__ __forceinline__ void epilogue(const Params& p, float (&acc)[32][4], RowState& st, uint8_t* smem,
-                                         int b, int split, int m0, int rg, int ch, int lane) {
+                                         int b, int split, int m0, Role w) {
   float* red_sum = reinterpret_cast<float*>(smem + kOffSum);
-  const int g = lane >> 2, c = lane & 3, rows = p.nodes * p.heads;
+  const int g = w.lane >> 2, c = w.lane & 3, rows = p.nodes * p.heads, rg = w.rg, ch = w.ch;
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     st.l[h] += __shfl_xor_sync(0xffffffffu, st.l[h], 1);
@@ -283,11 +311,13 @@ __device__ __forceinline__ void epilogue(const Params& p, float (&acc)[32][4], R
 
 // Grid (row tiles, splits, batch). Each CTA walks KV tiles [t_begin, t_end) of its split with a
 // two-stage cp.async pipeline: tile t+1 loads while tile t is multiplied.
-template <bool kSplit>
+template <bool kSplit, bool kWgmma>
 __global__ void __launch_bounds__(kThreads, 1) tree_verify_mla_kernel(const Params p) {
-  extern __shared__ __align__(128) uint8_t smem[];
+  extern __shared__ __align__(1024) uint8_t smem_raw[];
+  // wgmma's swizzle atoms are 1024-byte aligned: round the base up (kSmemBytes includes the slack).
+  uint8_t* smem = smem_raw + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023);
   const int b = blockIdx.z, split = blockIdx.y, m0 = blockIdx.x * kBlockM;
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, rg = warp >> 1, ch = warp & 1;
+  const Role w = role<kWgmma>();
   const int rows = p.nodes * p.heads;
   const int past = max(p.past_lens[b], 0);
   const int kv_end = min(past + p.nodes, p.cache_len);  // cache rows [0, kv_end) are attended; later rows never load
@@ -304,7 +334,7 @@ __global__ void __launch_bounds__(kThreads, 1) tree_verify_mla_kernel(const Para
   const uint64_t* anc_row[2];  // per owned row; null past the end of the request
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
-    const int row = m0 + 16 * rg + (lane >> 2) + 8 * h;
+    const int row = m0 + 16 * w.rg + (w.lane >> 2) + 8 * h;
     anc_row[h] = row < rows ? p.anc + (static_cast<size_t>(b) * p.nodes + row / p.heads) * p.words : nullptr;
   }
   float acc[32][4];
@@ -313,6 +343,7 @@ __global__ void __launch_bounds__(kThreads, 1) tree_verify_mla_kernel(const Para
   RowState st = {{-INFINITY, -INFINITY}, {0.f, 0.f}};
   for (int t = t_begin; t < t_end; ++t) {
     cp_async_wait_all();
+    if constexpr (kWgmma) fence_proxy_async_smem();  // cp.async wrote through the generic proxy
     __syncthreads();  // tile t visible to all; every warp is done with tile t-1, so its stage can refill
     const uint32_t kv_tile = s_base + kOffKv + ((t - t_begin) & 1) * kTileBytes;
     if (t + 1 < t_end) {
@@ -320,17 +351,25 @@ __global__ void __launch_bounds__(kThreads, 1) tree_verify_mla_kernel(const Para
       cp_async_commit();
     }
     float s[4][4];
-    qk_tile(s, s_base, kv_tile, rg, ch, lane);
+    if constexpr (kWgmma) {
+      qk_tile_wgmma(s, s_base, kv_tile, w);
+    } else {
+      qk_tile_mma(s, s_base, kv_tile, w);
+    }
     const bool masked = (t + 1) * kBlockN > past;  // tile reaches the tree rows (or the unused tail)
     uint64_t vis[2] = {0, 0};
     if (masked) {
 #pragma unroll
       for (int h = 0; h < 2; ++h) vis[h] = tile_visibility(anc_row[h], p.words, p.nodes, t * kBlockN - past);
     }
-    softmax_tile(s, acc, st, vis, masked, p.scale_log2, smem, rg, ch, lane);
-    pv_tile(acc, s_base + kOffP, kv_tile, rg, ch, lane);
+    softmax_tile<kWgmma>(s, acc, st, vis, masked, p.scale_log2, smem, w);
+    if constexpr (kWgmma) {
+      pv_tile_wgmma(acc, s_base + kOffP, kv_tile, w);
+    } else {
+      pv_tile_mma(acc, s_base + kOffP, kv_tile, w);
+    }
   }
-  epilogue<kSplit>(p, acc, st, smem, b, split, m0, rg, ch, lane);
+  epilogue<kSplit>(p, acc, st, smem, b, split, m0, w);
 }
 
 // Merges split partials per row: o = sum_s w_s o_s / sum_s w_s, w_s = exp(lse_s - max lse). One warp per
@@ -402,7 +441,8 @@ cudaError_t tree_verify_mla_launch(const TreeVerifyMlaArgs& a, cudaStream_t stre
            s.batch, s.nodes, s.heads, s.cache_len, s.words, a.num_splits,
            static_cast<float>(a.scale * 1.4426950408889634)};
   const dim3 grid(row_tiles(s), a.num_splits, s.batch);
-  auto kernel = split ? tree_verify_mla_kernel<true> : tree_verify_mla_kernel<false>;
+  auto kernel = a.use_wgmma ? (split ? tree_verify_mla_kernel<true, true> : tree_verify_mla_kernel<false, true>)
+                            : (split ? tree_verify_mla_kernel<true, false> : tree_verify_mla_kernel<false, false>);
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
   if (err != cudaSuccess) return err;
   kernel<<<grid, kThreads, kSmemBytes, stream>>>(p);

@@ -1,6 +1,6 @@
-"""GPU tests of the tree_verify_mla CUDA kernel against the float64 numpy reference
-(kdbench.references.tree_verify_mla): ragged prefixes, chain / bushy / padded trees, NaN-filled unused cache
-rows, poisoned outputs, and the argument checks of the torch glue. Skipped on machines without a CUDA GPU."""
+"""GPU tests of the tree_verify_mla CUDA kernel, both MMA paths (wgmma on sm_90, mma.sync), against the float64
+numpy reference (kdbench.references.tree_verify_mla): ragged prefixes, chain / bushy / padded trees, NaN-filled
+unused cache rows, poisoned outputs, and the argument checks of the torch glue. Skipped without a CUDA GPU."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -66,6 +66,15 @@ CORNERS = [
 ]
 
 
+def _is_sm90() -> bool:
+    return torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
+
+
+IMPLS = [pytest.param("mma", id="mma"),
+         pytest.param("wgmma", id="wgmma", marks=pytest.mark.skipif(
+             not _is_sm90(), reason="the wgmma path exists on compute capability 9.0 (H100/H200) only"))]
+
+
 @pytest.fixture(scope="module")
 def ext():
     from kdbench.backends import cuda_build
@@ -112,14 +121,14 @@ def _poison_allocator(value: float, nbytes: int) -> None:
     del junk
 
 
-def run_kernel(ext, inputs: dict, poison: float) -> tuple[np.ndarray, np.ndarray]:
+def run_kernel(ext, inputs: dict, poison: float, impl: str) -> tuple[np.ndarray, np.ndarray]:
     q = torch.from_numpy(inputs["q"]).to("cuda", torch.bfloat16)
     kv = torch.from_numpy(inputs["kv"]).to("cuda", torch.bfloat16)
     past = torch.from_numpy(inputs["past_lens"]).to("cuda")
     anc = torch.from_numpy(inputs["anc"].view(np.int64)).to("cuda")
     rows = q.numel() // D_QK
     _poison_allocator(poison, 2 * rows * (D_V * 2 + 4) + (64 << 20))   # outputs, split scratch, slack
-    o_lat, lse = ext.tree_verify_mla(q, kv, past, anc, SCALE)
+    o_lat, lse = ext.tree_verify_mla(q, kv, past, anc, SCALE, impl)
     torch.cuda.synchronize()   # surfaces asynchronous launch errors here
     return o_lat.float().cpu().numpy().astype(np.float64), lse.cpu().numpy().astype(np.float64)
 
@@ -129,12 +138,12 @@ def reference(case: Case, inputs: dict) -> tuple[np.ndarray, np.ndarray]:
     return tree_verify_mla_batch(inputs["q"][:, :, heads], inputs["kv"], inputs["past_lens"], inputs["anc"], SCALE)
 
 
-def check_case(ext, case: Case, trial: int) -> None:
+def check_case(ext, case: Case, trial: int, impl: str) -> None:
     seed = 1000 * case.seed + trial
-    where = f"{case} seed {seed}"
+    where = f"{impl} {case} seed {seed}"
     inputs = make_inputs(case, seed)
-    o1, lse1 = run_kernel(ext, inputs, poison=float("nan"))
-    o2, lse2 = run_kernel(ext, inputs, poison=7.0)
+    o1, lse1 = run_kernel(ext, inputs, poison=float("nan"), impl=impl)
+    o2, lse2 = run_kernel(ext, inputs, poison=7.0, impl=impl)
     # Coverage and determinism: every element written (no poison survives), identical across runs.
     assert not np.isnan(o1).any() and not np.isnan(lse1).any(), f"{where}: NaN in output (unwritten or leaked)"
     assert np.array_equal(o1, o2) and np.array_equal(lse1, lse2), f"{where}: outputs differ between runs"
@@ -151,23 +160,40 @@ def check_case(ext, case: Case, trial: int) -> None:
                             f"{res.pct_outside:.3f}% outside, NaN/inf mismatches {res.n_nan}, worst {res.worst}")
 
 
+@pytest.mark.parametrize("impl", IMPLS)
 @pytest.mark.parametrize("trial", range(TRIALS))
 @pytest.mark.parametrize("case", CORRECTNESS, ids=str)
-def test_matches_reference(ext, case, trial):
-    check_case(ext, case, trial)
+def test_matches_reference(ext, case, trial, impl):
+    check_case(ext, case, trial, impl)
 
 
+@pytest.mark.parametrize("impl", IMPLS)
 @pytest.mark.parametrize("case", CORNERS, ids=str)
-def test_corner_cases(ext, case):
-    check_case(ext, case, trial=0)
+def test_corner_cases(ext, case, impl):
+    check_case(ext, case, trial=0, impl=impl)
 
 
-def test_nan_in_unused_rows_never_leaks(ext):
+@pytest.mark.skipif(not _is_sm90(), reason="the wgmma path exists on compute capability 9.0 (H100/H200) only")
+def test_wgmma_and_mma_agree(ext):
+    """Same inputs through both paths: only the fp32 accumulation order differs, so lse agrees to ~1e-5 and
+    o_lat to a bf16 rounding step; a wrong descriptor or swizzle would give O(1) differences."""
+    case = Case(40, 65, 64, (4097, 63, 900), pad=((1, 64),))
+    inputs = make_inputs(case, seed=40)
+    o_w, lse_w = run_kernel(ext, inputs, poison=float("nan"), impl="wgmma")
+    o_m, lse_m = run_kernel(ext, inputs, poison=float("nan"), impl="mma")
+    assert np.array_equal(np.isneginf(lse_w), np.isneginf(lse_m))
+    real = np.isfinite(lse_m)
+    assert np.max(np.abs(lse_w[real] - lse_m[real])) < 1e-4
+    assert np.max(np.abs(o_w - o_m)) < 2e-2
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_nan_in_unused_rows_never_leaks(ext, impl):
     """The last tile of each request straddles NaN rows; NaN must not reach any output (select, not multiply)."""
     case = Case(30, 3, 16, (62, 125, 1))              # past + T = 65, 128, 4: tiles end inside NaN rows
     inputs = make_inputs(case, seed=30)
     assert np.isnan(inputs["kv"][:, -1]).all()
-    o, lse = run_kernel(ext, inputs, poison=0.0)
+    o, lse = run_kernel(ext, inputs, poison=0.0, impl=impl)
     assert np.isfinite(o).all() and np.isfinite(lse).all(), "NaN from unused cache rows leaked into outputs"
 
 
@@ -178,12 +204,13 @@ def test_nan_in_unused_rows_never_leaks(ext):
     (lambda a: {**a, "q": a["q"].transpose(1, 2)}, "q must be contiguous"),
     (lambda a: {**a, "anc": a["anc"][:, :, :0]}, "anc must be"),
     (lambda a: {**a, "kv": a["kv"][:, :2]}, "kv length S"),
+    (lambda a: {**a, "impl": "tensorcore"}, "impl must be 'auto', 'wgmma' or 'mma'"),
 ])
 def test_rejects_bad_arguments(ext, change, message):
     args = {"q": torch.zeros(1, 4, 2, D_QK, dtype=torch.bfloat16, device="cuda"),
             "kv": torch.zeros(1, 20, D_QK, dtype=torch.bfloat16, device="cuda"),
             "past_lens": torch.tensor([3], dtype=torch.int32, device="cuda"),
-            "anc": torch.ones(1, 4, 1, dtype=torch.int64, device="cuda")}
+            "anc": torch.ones(1, 4, 1, dtype=torch.int64, device="cuda"), "impl": "auto"}
     bad = change(args)
     with pytest.raises(RuntimeError, match=message):
-        ext.tree_verify_mla(bad["q"], bad["kv"], bad["past_lens"], bad["anc"], SCALE)
+        ext.tree_verify_mla(bad["q"], bad["kv"], bad["past_lens"], bad["anc"], SCALE, bad["impl"])
