@@ -107,6 +107,27 @@ def test_divergence_is_classified_by_the_ar_logit_gap():
     assert bug and verdict.startswith("no: MISMATCH (prompt 1, position 2, AR logit gap"), verdict
 
 
+def test_float64_divergence_is_never_a_near_tie():
+    """The near-tie excuse depends on the dtype: float64 has none, so even AR's runner-up token is a MISMATCH."""
+    import torch
+
+    from kdbench.engine.engine import generate, target_from_preset
+    from kdbench.engine.stages import Policy
+    from kdbench.kinds import generation as gen
+
+    assert gen.NEAR_TIE_LOGIT[torch.float64] == 0 < gen.NEAR_TIE_LOGIT[torch.float32] < gen.NEAR_TIE_LOGIT[torch.bfloat16]
+    model = target_from_preset("tiny", seed=5, device="cpu", dtype=torch.float64)
+    prompts = [[1, 2, 3, 4]]
+    ar = [generate(model, None, prompts, 4, Policy(kind="ar"))]
+    prefix = prompts[0] + ar[0].tokens[0][:1]
+    out = model.forward(torch.tensor([prefix]), torch.arange(len(prefix))[None], model.new_cache(1, 8),
+                        torch.zeros(1, dtype=torch.int32), logit_rows=torch.tensor([len(prefix) - 1]))
+    runner_up = int(torch.topk(out.logits[0, 0], 2).indices[1])
+    planted = [type(ar[0])(tokens=[ar[0].tokens[0][:1] + [runner_up] + ar[0].tokens[0][2:]])]
+    verdict, bug = gen.losslessness(model, prompts, ar, planted)
+    assert bug and "MISMATCH (prompt 0, position 1" in verdict, verdict
+
+
 def _least_likely_next(model, prefix):
     import torch
     n = len(prefix)

@@ -95,6 +95,8 @@ class Transformer:
         """
         B, T = tokens.shape
         attn = attn or self.attn
+        if attn == "cuda" and cache.kv.dtype != torch.bfloat16:
+            attn = "torch"   # the tree_verify_mla kernel reads bf16 caches; wider ones (float32 exactness runs) use torch
         tap_layers = self.tap_layers if tap_layers is None else tap_layers
         S = cache.max_len if kv_limit is None else min(kv_limit, cache.max_len)
         naive = anc is None and T > 1
