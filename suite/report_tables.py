@@ -16,7 +16,7 @@ from kdbench.results import Record
 STATUS_ORDER = ("pass", "fail", "error", "skipped", "ambiguous", "info")
 ATTENTION = ("fail", "error", "ambiguous")
 USABLE = ("pass", "info")                # rows whose timing may enter a speedup: checked, or measured only
-NOT_BASELINES = ("cuda", "numpy_ref")    # the kernel under test, and the float64 host reference
+NOT_BASELINES = ("cuda", "cuda_mma", "numpy_ref")   # our kernel (and its mma.sync path), the float64 reference
 
 
 # ------------------------------------------------------------------------------------------ helpers

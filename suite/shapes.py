@@ -153,7 +153,8 @@ FAMILY_SHAPES = {
 # Backends each family implements; the scenario loader checks case backends against these.
 FAMILY_BACKENDS = {
     "tree_build": ("numpy_ref", "torch", "cpu_heap", "cuda"),   # cpu_heap: torch topk + the C++ heap
-    "tree_verify_mla": ("numpy_ref", "torch", "torch_sdpa", "torch_twopass", "cuda"),
+    # cuda: the kernel as the engine runs it (wgmma on sm_90); cuda_mma: the same kernel pinned to mma.sync
+    "tree_verify_mla": ("numpy_ref", "torch", "torch_sdpa", "torch_twopass", "cuda", "cuda_mma"),
     "tree_accept": ("numpy_ref", "torch", "cuda"),
     "kv_compact": ("numpy_ref", "torch", "cuda"),
 }

@@ -39,9 +39,9 @@ def backend_available(backend: str, device: str) -> tuple[bool, str]:
         except ImportError as exc:
             return False, f"the C++ heap extension is not built ({exc}); run pip install -e ."
         return True, ""
-    if backend == "cuda":
+    if backend in ("cuda", "cuda_mma"):
         if device != "cuda":
-            return False, "the cuda backend needs --device cuda (a CUDA GPU)"
+            return False, f"the {backend} backend needs --device cuda (a CUDA GPU)"
         from kdbench.backends import cuda_build
         reason = cuda_build.unavailable_reason()
         return (reason is None), (reason or "")

@@ -2,7 +2,7 @@
 cache (prefix + tree block) under the ancestor mask.
 
 Backends: numpy_ref, torch (eager matmul + masked softmax), torch_sdpa (boolean mask), torch_twopass
-(prefix + tree block + LSE merge), cuda (the fused kernel).
+(prefix + tree block + LSE merge), cuda (the fused kernel: wgmma on sm_90) and cuda_mma (its mma.sync path).
 """
 from __future__ import annotations
 
@@ -13,7 +13,8 @@ from kdbench.families import common
 from kdbench.references import tree_verify_mla as ref
 from kdbench.references.model_config import get_preset
 
-BACKENDS = ("numpy_ref", "torch", "torch_sdpa", "torch_twopass", "cuda")
+BACKENDS = ("numpy_ref", "torch", "torch_sdpa", "torch_twopass", "cuda", "cuda_mma")
+KERNEL_IMPL = {"cuda": "auto", "cuda_mma": "mma"}   # backend -> the kernel's impl argument
 SCALE = get_preset("kimi-k2").softmax_scale
 REFERENCE_WORK = 2_000_000_000   # (row, key) products above which the reference checks a subset
 
@@ -45,9 +46,9 @@ def _tree_visibility(t: int, kind: str, rng) -> np.ndarray:
 
 def unsupported(backend: str, case) -> str | None:
     """The kernel reads bf16 only; a float32 case would hold it to float32 tolerances it cannot meet."""
-    if backend == "cuda" and case.dtype != "bfloat16":
+    if backend in KERNEL_IMPL and case.dtype != "bfloat16":
         return "the cuda kernel takes bfloat16 inputs; run this case with dtype: bfloat16"
-    if backend == "cuda" and (case.shape.kv_lora, case.shape.rope) != (512, 64):
+    if backend in KERNEL_IMPL and (case.shape.kv_lora, case.shape.rope) != (512, 64):
         return "the cuda kernel is built for kv_lora 512 + rope 64"
     return None
 
@@ -86,14 +87,14 @@ def run(backend: str, inputs: dict, case, device: str) -> dict:
 def timed(backend: str, inputs: dict, case, device: str):
     if backend == "numpy_ref":
         return lambda: reference(inputs, case)
-    dtype = "bfloat16" if backend == "cuda" else (common.run_dtype(case.dtype))
+    dtype = "bfloat16" if backend in KERNEL_IMPL else (common.run_dtype(case.dtype))
     q = common.to_torch(inputs["q"], device, dtype)
     kv = common.to_torch(inputs["kv"], device, dtype)
     past = common.to_torch(inputs["past_lens"], device)
     anc = common.to_torch(inputs["anc"].view(np.int64), device)
-    if backend == "cuda":
+    if backend in KERNEL_IMPL:
         from kdbench.backends import cuda_ext
-        return lambda: cuda_ext.tree_verify_mla(q, kv, past, anc, SCALE)
+        return lambda: cuda_ext.tree_verify_mla(q, kv, past, anc, SCALE, KERNEL_IMPL[backend])
     fn = mla_baselines.BASELINES[backend]
     return lambda: fn(q, kv, past, anc, SCALE, case.shape.kv_lora)
 
