@@ -16,6 +16,11 @@ from typing import Callable
 import numpy as np
 
 L2_FALLBACK_BYTES = 64 << 20        # used only when torch does not report the L2 size
+# Launch shield: a GPU spin of this many cycles (~100 us at 1.98 GHz) is queued before each sample's start
+# event, so the event, fn's first launch and the end event are enqueued while the GPU is still busy: host
+# launch latency stays out of the device time (on the H200 a slower host made 7-35 us kernels read 1.2-2.2x
+# slower in one run of an A/A pair). Host work inside fn after its first launch is still timed, as it should be.
+LAUNCH_SHIELD_CYCLES = 200_000
 
 
 @dataclass(frozen=True)
@@ -39,7 +44,7 @@ def measure(fn: Callable[[], object], *, warmup: int, repeat: int, device: str,
             flush_l2: bool = True) -> TimingResult:
     """Call fn `warmup` times untimed, then `repeat` timed samples. device 'cuda' (or 'cuda:N'): one pair of
     CUDA events around each call on the current stream, a 2x-L2 buffer written before each sample when
-    flush_l2 (cold caches). device 'cpu': perf_counter_ns around each call; flush_l2 is not applied."""
+    flush_l2 (cold caches), then the launch shield (LAUNCH_SHIELD_CYCLES). device 'cpu': perf_counter_ns around each call; flush_l2 is not applied."""
     if repeat < 1 or warmup < 0:
         raise ValueError(f"measure(): warmup={warmup}, repeat={repeat}; need warmup >= 0, repeat >= 1")
     if device == "cpu":
@@ -77,9 +82,12 @@ def _measure_cuda(fn, warmup: int, repeat: int, device: str, flush_l2: bool) -> 
         events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
                   for _ in range(repeat)]
         torch.cuda.synchronize(dev)
+        shield = getattr(torch.cuda, "_sleep", None)   # torch's spin kernel (test helper, present since 1.x)
         for start, end in events:
             if flush is not None:
                 flush.fill_(1)
+            if shield is not None:
+                shield(LAUNCH_SHIELD_CYCLES)
             start.record()
             fn()
             end.record()

@@ -19,8 +19,9 @@ def samples(seed: int, median_s: float = 1e-3, n: int = 20, spread: float = 0.03
     return list(median_s * np.exp(rng.normal(0, spread, n)))
 
 
-def rec(case: str, s: list[float] | None = None, status: str = "pass", backend: str = "torch", **kw) -> Record:
-    r = Record("nightly", "kernel", case, "tree_build", backend, "float32", "NVIDIA H200", status=status,
+def rec(case: str, s: list[float] | None = None, status: str = "pass", backend: str = "cuda", kind: str = "kernel",
+        **kw) -> Record:
+    r = Record("nightly", kind, case, "tree_build", backend, "float32", "NVIDIA H200", status=status,
                samples_s=s or [], n_samples=len(s or []), repro=f"kdbench run x.yaml --filter {case}", **kw)
     if s:
         r.time_median_s = float(np.median(s))
@@ -85,10 +86,21 @@ def test_slower_reference_timing_is_reported_but_does_not_gate(tmp_path):
     assert res.exit_code == 0
 
 
+def test_slower_kernel_baseline_is_context_not_a_regression(tmp_path):
+    """A same-process baseline (torch, SDPA, the CPU heaps) moves with the host; only our kernels gate."""
+    base = write_run(tmp_path / "base", [rec("a", samples(1), backend="torch"), rec("b", samples(3))])
+    new = write_run(tmp_path / "new", [rec("a", samples(2, median_s=1.5e-3), backend="torch"), rec("b", samples(4))])
+    res = compare(base, new)
+    verdicts = {r["case"]: r for r in res.rows}
+    assert verdicts["a"]["verdict"] == "slower" and "torch is context, does not gate" in verdicts["a"]["note"]
+    assert verdicts["b"]["verdict"] == "same" and res.exit_code == 0
+
+
 def test_slower_info_row_of_a_backend_gates(tmp_path):
-    """e2e / acceptance rows are 'info' (nothing checked) but time real backends: a slowdown fails."""
-    base = write_run(tmp_path / "base", [rec("a", samples(1), status="info")])
-    new = write_run(tmp_path / "new", [rec("a", samples(2, median_s=1.5e-3), status="info")])
+    """e2e / acceptance rows are 'info' (nothing checked) but time our engine's backends: a slowdown fails."""
+    base = write_run(tmp_path / "base", [rec("a", samples(1), status="info", backend="torch", kind="e2e")])
+    new = write_run(tmp_path / "new", [rec("a", samples(2, median_s=1.5e-3), status="info", backend="torch",
+                                           kind="e2e")])
     res = compare(base, new)
     assert res.rows[0]["verdict"] == "slower" and "does not gate" not in res.rows[0]["note"]
     assert res.exit_code == 1

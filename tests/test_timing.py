@@ -4,6 +4,7 @@ import time
 
 import numpy as np
 import pytest
+import torch
 
 from kdbench import timing
 from kdbench.timing import Ceilings, TimingResult, floor_seconds, measure, pct_of_floor_rate, summarize
@@ -70,3 +71,20 @@ def test_cpu_ceilings_are_positive_and_say_how(monkeypatch, tmp_path):
     assert timing.ceilings("cpu") is c               # measured once per process
     with pytest.raises(ValueError):
         timing.ceilings("tpu")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU: CUDA-event timing")
+def test_cuda_timing_keeps_host_launch_latency_out():
+    """A 30 us host delay (busy wait) before a tiny launch must not show in the device time: the launch shield
+    keeps the GPU busy while the host enqueues (without it every sample would read >= 30 us)."""
+    x = torch.zeros(1024, device="cuda")
+
+    def slow_host_launch():
+        t_end = time.perf_counter() + 30e-6
+        while time.perf_counter() < t_end:
+            pass
+        x.add_(1)
+
+    res = timing.measure(slow_host_launch, warmup=2, repeat=20, device="cuda", flush_l2=False)
+    assert res.median_s < 15e-6, f"median {res.median_s * 1e6:.1f} us: host latency leaked into device time"
