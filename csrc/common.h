@@ -84,6 +84,16 @@ __device__ __forceinline__ int warp_append_slot(bool pred, int* counter) {
   return pred ? base + __popc(ball & ((1u << lane) - 1u)) : -1;
 }
 
+// All lanes call this with their own item count n >= 0; returns the lane's first slot of n consecutive slots
+// in a shared list. One atomic per warp (warp_append_slot costs one per item position).
+__device__ __forceinline__ int warp_append_base(int n, int* counter) {
+  const int lane = threadIdx.x & 31;
+  const int incl = warp_inclusive_scan(n, lane);
+  int base = 0;
+  if (lane == 31 && incl > 0) base = atomicAdd(counter, incl);
+  return __shfl_sync(kFullMask, base, 31) + incl - n;
+}
+
 // Sum of n (a power of two) floats as a balanced tree: short dependency chains, small rounding error.
 template <int n>
 __device__ __forceinline__ float pairwise_sum(const float* e) {

@@ -69,9 +69,14 @@ __device__ uint64_t radix_select_ge(const uint64_t* keys, int n, int k, TopkSmem
     const uint32_t dmask = (1u << (hi - shift)) - 1u;
     for (int i = threadIdx.x; i < kBins; i += kThreads) sm.hist[i] = 0;
     __syncthreads();
-    for (int i = threadIdx.x; i < n; i += kThreads) {
-      const uint64_t key = keys[i];
-      if ((key & mask) == prefix) atomicAdd(&sm.hist[(key >> shift) & dmask], 1u);
+    // Lanes with equal bins add once (__match_any_sync): logits crowd a few bins (bf16 leaves 16 key bits
+    // constant), and same-address shared atomics serialize.
+    for (int base = 0; base < n; base += kThreads) {
+      const int i = base + int(threadIdx.x);
+      const uint64_t key = i < n ? keys[i] : 0;
+      const int bin = i < n && (key & mask) == prefix ? int((key >> shift) & dmask) : -1;
+      const unsigned peers = __match_any_sync(kFullMask, bin);
+      if (bin >= 0 && (threadIdx.x & 31) == __ffs(peers) - 1) atomicAdd(&sm.hist[bin], unsigned(__popc(peers)));
     }
     __syncthreads();
     if (threadIdx.x < 32) find_digit(sm, krem, int(dmask) + 1);
@@ -100,11 +105,13 @@ __device__ void prune_to_k(uint64_t* keys, int k, TopkSmem& sm) {
       v[q] = i < n ? keys[i] : 0;
     }
     __syncthreads();
+    unsigned keep = 0;
+#pragma unroll
+    for (int q = 0; q < 4; ++q) keep |= (base + q * kThreads + int(threadIdx.x) < n && v[q] >= t ? 1u : 0u) << q;
+    int slot = warp_append_base(__popc(keep), &sm.new_count);
 #pragma unroll
     for (int q = 0; q < 4; ++q) {
-      const bool keep = base + q * kThreads + int(threadIdx.x) < n && v[q] >= t;
-      const int slot = warp_append_slot(keep, &sm.new_count);
-      if (keep) keys[slot] = v[q];
+      if ((keep >> q) & 1u) keys[slot++] = v[q];
     }
   }
   __syncthreads();
@@ -178,7 +185,8 @@ __device__ __forceinline__ void lse_merge(float& m, float& s, float m2, float s2
   m = mm;
 }
 
-// Append this thread's logits whose key reaches the threshold to the shared candidate list.
+// Append this thread's logits whose key reaches the threshold to the shared candidate list: one shared
+// atomic per warp and chunk (a per-logit warp vote and atomic made admission the vocabulary pass's limit).
 template <typename T, int VW>
 __device__ __forceinline__ void admit(uint64_t* keys, TopkSmem& sm, const float (&x)[kPer], unsigned valid,
                                       int c, float thr_val, uint64_t thr) {
@@ -186,15 +194,19 @@ __device__ __forceinline__ void admit(uint64_t* keys, TopkSmem& sm, const float 
 #pragma unroll
   for (int j = 0; j < kPer; ++j) pass |= (x[j] >= thr_val ? 1u : 0u) << j;
   pass &= valid;
-  if (__any_sync(kFullMask, pass != 0)) {
+  if (!__any_sync(kFullMask, pass != 0)) return;
+  uint64_t key[kPer];
+  unsigned take = 0;
 #pragma unroll
-    for (int j = 0; j < kPer; ++j) {
-      const float xj = x[j] == 0.f ? 0.f : x[j];  // -0 and +0 are one logit value: one key
-      const uint64_t key = make_key(xj, uint32_t(chunk_index<T, VW>(c, j)));
-      const bool take = ((pass >> j) & 1u) && key >= thr;
-      const int slot = warp_append_slot(take, &sm.count);
-      if (take) keys[slot] = key;
-    }
+  for (int j = 0; j < kPer; ++j) {
+    const float xj = x[j] == 0.f ? 0.f : x[j];  // -0 and +0 are one logit value: one key
+    key[j] = make_key(xj, uint32_t(chunk_index<T, VW>(c, j)));
+    take |= (((pass >> j) & 1u) && key[j] >= thr ? 1u : 0u) << j;
+  }
+  int slot = warp_append_base(__popc(take), &sm.count);
+#pragma unroll
+  for (int j = 0; j < kPer; ++j) {
+    if ((take >> j) & 1u) keys[slot++] = key[j];
   }
 }
 
