@@ -33,8 +33,8 @@ struct TopkSmem {
   uint32_t hist[kBins];
   int count;               // candidates held
   int new_count;
-  uint64_t thr;            // admit keys >= thr (a lower bound of the current k-th largest key)
-  float thr_val;           // float form of thr's high word: cheap pre-filter x >= thr_val
+  uint64_t thr;            // the k-th largest key held after the last prune (a lower bound of the final one)
+  float thr_val;           // its logit value: logits x >= thr_val are admitted
   int sel_digit, sel_above, sel_bin;
   float red_m[kThreads / 32], red_s[kThreads / 32];
 };
@@ -163,18 +163,21 @@ __device__ __forceinline__ void load_scalar(const T* row, int c, int V, float (&
 }
 
 // Per-thread streaming state: running max m and sum s of exp(x - m) over this thread's logits.
+// add() returns the chunk's max, which also decides whether any of the thread's logits can be admitted.
 struct LseState {
   float m = -INFINITY, s = 0.f;
-  __device__ __forceinline__ void add(const float (&x)[kPer]) {
+  __device__ __forceinline__ float add(const float (&x)[kPer]) {
     float mc = x[0];
 #pragma unroll
     for (int j = 1; j < kPer; ++j) mc = fmaxf(mc, x[j]);
     if (mc > m) s *= fast_exp2((m - mc) * kLog2e), m = mc;  // m = -inf: s is 0 and stays 0
-    if (m == -INFINITY) return;
+    if (m == -INFINITY) return mc;
+    const float neg_m_log2e = -m * kLog2e;   // one FFMA + one MUFU per logit
     float e[kPer];
 #pragma unroll
-    for (int j = 0; j < kPer; ++j) e[j] = fast_exp2((x[j] - m) * kLog2e);
+    for (int j = 0; j < kPer; ++j) e[j] = fast_exp2(fmaf(x[j], kLog2e, neg_m_log2e));
     s += pairwise_sum<kPer>(e);
+    return mc;
   }
 };
 
@@ -185,28 +188,25 @@ __device__ __forceinline__ void lse_merge(float& m, float& s, float m2, float s2
   m = mm;
 }
 
-// Append this thread's logits whose key reaches the threshold to the shared candidate list: one shared
-// atomic per warp and chunk (a per-logit warp vote and atomic made admission the vocabulary pass's limit).
+// Append this thread's logits x >= thr_val (the float form of the threshold key) to the shared candidate
+// list. Logits equal to thr_val whose key is below the threshold are admitted too: harmless (the prune keeps
+// the K largest of whatever is held; capacity is bounded per chunk) and it saves the 64-bit compares. The
+// common case costs one compare of the chunk max and one vote; a warp that admits takes one shared atomic.
 template <typename T, int VW>
-__device__ __forceinline__ void admit(uint64_t* keys, TopkSmem& sm, const float (&x)[kPer], unsigned valid,
-                                      int c, float thr_val, uint64_t thr) {
+__device__ __forceinline__ void admit(uint64_t* keys, TopkSmem& sm, const float (&x)[kPer], float chunk_max,
+                                      unsigned valid, int c, float thr_val) {
+  if (!__any_sync(kFullMask, chunk_max >= thr_val)) return;
   unsigned pass = 0;
 #pragma unroll
   for (int j = 0; j < kPer; ++j) pass |= (x[j] >= thr_val ? 1u : 0u) << j;
   pass &= valid;
-  if (!__any_sync(kFullMask, pass != 0)) return;
-  uint64_t key[kPer];
-  unsigned take = 0;
+  int slot = warp_append_base(__popc(pass), &sm.count);
 #pragma unroll
   for (int j = 0; j < kPer; ++j) {
-    const float xj = x[j] == 0.f ? 0.f : x[j];  // -0 and +0 are one logit value: one key
-    key[j] = make_key(xj, uint32_t(chunk_index<T, VW>(c, j)));
-    take |= (((pass >> j) & 1u) && key[j] >= thr ? 1u : 0u) << j;
-  }
-  int slot = warp_append_base(__popc(take), &sm.count);
-#pragma unroll
-  for (int j = 0; j < kPer; ++j) {
-    if ((take >> j) & 1u) keys[slot++] = key[j];
+    if ((pass >> j) & 1u) {
+      const float xj = x[j] == 0.f ? 0.f : x[j];  // -0 and +0 are one logit value: one key
+      keys[slot++] = make_key(xj, uint32_t(chunk_index<T, VW>(c, j)));
+    }
   }
 }
 
@@ -250,7 +250,6 @@ __global__ void __launch_bounds__(kThreads, 4) topk_kernel(TopkArgs a) {
 
   LseState st;
   float thr_val = -INFINITY;
-  uint64_t thr = 0;
   const int nfull = VW > 1 ? V / kChunk : 0;  // vector chunks; the rest goes through scalar loads
   // bf16 chunks are 32 B per thread: prefetch one ahead to keep ~64 B per thread in flight (fp32 has it
   // without, and the extra registers would spill).
@@ -269,19 +268,19 @@ __global__ void __launch_bounds__(kThreads, 4) topk_kernel(TopkArgs a) {
         cur.load(row, c);
         cur.to_float(x);
       }
-      st.add(x);
-      admit<T, VW>(keys, sm, x, valid, c, thr_val, thr);
+      const float mc = st.add(x);
+      admit<T, VW>(keys, sm, x, mc, valid, c, thr_val);
     } else {
       load_scalar(row, c, V, x, valid);
-      st.add(x);
-      admit<T, 1>(keys, sm, x, valid, c, thr_val, thr);
+      const float mc = st.add(x);
+      admit<T, 1>(keys, sm, x, mc, valid, c, thr_val);
     }
     __syncthreads();
     const int held = sm.count;
     __syncthreads();  // every thread has read `held` before the next chunk appends
     if (held > kCompactAt) {
       prune_to_k(keys, k, sm);
-      thr = sm.thr, thr_val = sm.thr_val;
+      thr_val = sm.thr_val;
     }
   }
   __syncthreads();
