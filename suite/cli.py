@@ -113,8 +113,10 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("scenarios", nargs="+", metavar="SCENARIO", help="scenario YAML files")
     r.add_argument("--out", help="run directory (default runs/<time>-<names>)")
     r.add_argument("--device", default="auto", choices=["cpu", "cuda", "auto"])
-    r.add_argument("--filter", help="case filter: an exact case name, or comma-separated terms "
-                                    "(key=value on family/dtype/shape keys, else a substring of the name)")
+    r.add_argument("--filter", action="append", metavar="EXPR",
+                   help="case filter: an exact case name, or comma-separated terms that must all match "
+                        "(key=value on family/dtype/shape keys, else a substring of the name); repeat it to "
+                        "run the cases any of the values selects")
     r.set_defaults(func=_run)
     rep = sub.add_parser("report", help="render the HTML report of a run directory (partial runs too)")
     rep.add_argument("run_dir")

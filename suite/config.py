@@ -16,7 +16,7 @@ from typing import Any, Literal
 import yaml
 
 from kdbench import schema
-from kdbench.errors import ScenarioError
+from kdbench.errors import ScenarioError, UserError
 from kdbench.shapes import FAMILY_BACKENDS, FAMILY_SHAPES, GENERATION_BACKENDS, KIND_SHAPES
 
 Kind = Literal["kernel", "acceptance", "e2e", "topology"]
@@ -191,6 +191,22 @@ def _shape_class(kind: str, cs: CaseSpec, path: str, file: str):
     if cs.family is not None:
         raise ScenarioError(file, f"{path}.family", f"only kernel scenarios name a family (kind is {kind})")
     return KIND_SHAPES[kind]
+
+
+def select(cases: list[Case], exprs: list[str] | None, where: str = "the scenarios") -> list[Case]:
+    """--filter, given once or more: the cases any value selects, in file order. A value equal to a case name
+    selects that case alone (repro commands); any other value goes through matches(). A value selecting
+    nothing is a UserError naming it and `where` (a typo must not silently shrink a run)."""
+    if not exprs:
+        return list(cases)
+    chosen: set[str] = set()
+    for expr in exprs:
+        exact = [c.name for c in cases if c.name == expr]
+        hits = exact or [c.name for c in cases if matches(c, expr)]
+        if not hits:
+            raise UserError(f"--filter {expr!r} matches no case in {where}")
+        chosen.update(hits)
+    return [c for c in cases if c.name in chosen]
 
 
 def matches(case: Case, expr: str | None) -> bool:

@@ -88,18 +88,17 @@ def make_run_dir(out_dir: str | None, scenarios: list[config.Scenario]) -> Path:
 
 
 def run_scenarios(paths: list[str], out_dir: str | None = None, device: str = "auto",
-                  filter_expr: str | None = None, progress: bool = True) -> RunOutcome:
+                  filter_expr: str | list[str] | None = None, progress: bool = True) -> RunOutcome:
+    """filter_expr: one --filter value or several (a case runs when any selects it; config.select)."""
     scenarios = [config.load(p) for p in paths]          # validate everything before running anything
     every = [c for s in scenarios for c in s.cases]
-    exact = [c for c in every if c.name == filter_expr]            # a repro command names one case exactly
-    cases = exact or [c for c in every if config.matches(c, filter_expr)]
-    if not cases:
-        raise UserError(f"--filter {filter_expr!r} matches no case in {', '.join(paths)}")
+    filters = [filter_expr] if isinstance(filter_expr, str) else filter_expr
+    cases = config.select(every, filters, ", ".join(paths))
     device, device_name = resolve_device(device)
     run_dir = make_run_dir(out_dir, scenarios)
     ctx = RunContext(device, device_name, run_dir, "kdbench run {file} --device " + device)
     writer = RunWriter(run_dir)
-    meta = _meta(scenarios, device, device_name, filter_expr)
+    meta = _meta(scenarios, device, device_name, filters)
     writer.write_meta(meta)
     exit_code = EXIT_OK
     try:
@@ -151,7 +150,7 @@ def _progress(i: int, n: int, name: str, elapsed: float) -> None:
           file=sys.stderr, flush=True)
 
 
-def _meta(scenarios: list[config.Scenario], device: str, device_name: str, filter_expr: str | None) -> dict:
+def _meta(scenarios: list[config.Scenario], device: str, device_name: str, filters: list[str] | None) -> dict:
     from kdbench import envinfo
     return {
         "status": "running",
@@ -159,7 +158,7 @@ def _meta(scenarios: list[config.Scenario], device: str, device_name: str, filte
         "device": device,
         "device_name": device_name,
         "command": " ".join(shlex.quote(a) for a in ["kdbench", *sys.argv[1:]]) if sys.argv else "",
-        "filter": filter_expr,
+        "filter": filters[0] if filters and len(filters) == 1 else filters,   # one value: a string, as before
         "scenarios": [{"name": s.name, "kind": s.kind, "file": s.file, "text": s.text} for s in scenarios],
         "fingerprint": envinfo.fingerprint(),
     }

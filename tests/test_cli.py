@@ -147,6 +147,16 @@ def test_exact_repro_filter_runs_only_that_case(tmp_path):
     assert {r.case for r in load_records(run)} == {"tree_verify_mla"}   # not tree_verify_mla-bf16
 
 
+def test_repeated_filter_runs_the_union(tmp_path):
+    smoke = Path(__file__).parents[1] / "scenarios" / "smoke.yaml"
+    run = tmp_path / "r"
+    argv = ["run", str(smoke), "--device", "cpu", "--out", str(run), "--filter", "tree_verify_mla",
+            "--filter", "kv_compact"]
+    assert cli.main(argv) == 0
+    assert {r.case for r in load_records(run)} == {"tree_verify_mla", "kv_compact"}
+    assert load_meta(run)["filter"] == ["tree_verify_mla", "kv_compact"]
+
+
 def test_out_directory_holding_a_run_is_refused(scenario, tmp_path, capsys):
     run = tmp_path / "r"
     assert cli.main(["run", str(scenario), "--device", "cpu", "--out", str(run), "--filter", "compact"]) == 0

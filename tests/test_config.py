@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from kdbench import config
-from kdbench.errors import ScenarioError
+from kdbench.errors import ScenarioError, UserError
 
 BAD = Path(__file__).parent / "data" / "bad_scenarios"
 
@@ -75,6 +75,17 @@ def test_filter_terms_and_exact_names(tmp_path):
     exact = "tree_build[budget=16,logits=peaked]"
     assert [c.name for c in s.cases if config.matches(c, exact)] == [exact]
     assert [c.name for c in s.cases if config.matches(c, "budget=1,random")] == ["tree_build[budget=1,logits=random]"]
+
+
+def test_several_filters_select_the_union_in_file_order():
+    cases = list(config.load(Path(__file__).parents[1] / "scenarios" / "smoke.yaml").cases)
+    exact = "tree_build[budget=16,logits=peaked]"
+    names = [c.name for c in config.select(cases, ["family=tree_accept", exact])]
+    assert names == [exact, "tree_accept[mode=greedy]", "tree_accept[mode=sampled]"]
+    assert [c.name for c in config.select(cases, ["tree_verify_mla"])] == ["tree_verify_mla"]   # exact wins
+    assert config.select(cases, None) == cases
+    with pytest.raises(UserError, match="'no-such' matches no case in smoke"):
+        config.select(cases, ["family=tree_accept", "no-such"], "smoke")
 
 
 def test_sweep_axis_must_be_dtype_or_shape_key(tmp_path):

@@ -1,5 +1,9 @@
-"""Helpers shared by the kernel families: dtype rounding, numpy <-> torch, allocator poisoning, checks."""
+"""Helpers shared by the kernel families: random inputs, dtype rounding, numpy <-> torch, allocator poisoning,
+checks."""
 from __future__ import annotations
+
+import os
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import torch
@@ -22,6 +26,73 @@ def round_to(x: np.ndarray, dtype: str) -> np.ndarray:
     (bf16 values are returned as float32, which holds them exactly and halves the host memory)."""
     t = torch.from_numpy(np.ascontiguousarray(x)).to(TORCH_DTYPES[dtype])
     return t.numpy() if dtype in ("float32", "float64") else t.float().numpy()   # bf16 values, exact in f32
+
+
+NORMAL_BLOCK = 1 << 22   # elements per generator block (16 MiB of float32)
+
+
+def standard_normal(rng: np.random.Generator, shape: tuple[int, ...], dtype: str, scale: float = 1.0) -> np.ndarray:
+    """scale * N(0, 1) float32 draws of `shape`, rounded through `dtype` as round_to does (bf16 values held in
+    float32). Up to NORMAL_BLOCK elements come straight from rng, the values round_to(scale *
+    rng.standard_normal(shape, float32)) gives. Bigger arrays are drawn in fixed NORMAL_BLOCK pieces, piece i
+    from rng.spawn's child i, on a thread pool: numpy's generators are single-threaded and a [32, 33K, 576]
+    cache is 6e8 draws (~12 s on one core here). The pieces are fixed, so a seed gives the same values on every
+    machine and thread count; the children are independent streams (SeedSequence spawning)."""
+    if dtype not in ("float32", "bfloat16"):
+        raise ValueError(f"dtype {dtype!r}: draw in a run dtype (float32 or bfloat16), see run_dtype")
+    n = int(np.prod(shape))
+    if n <= NORMAL_BLOCK:
+        x = rng.standard_normal(shape, dtype=np.float32)
+        return round_to(x * np.float32(scale) if scale != 1.0 else x, dtype)
+    out = np.empty(n, dtype=np.float32)
+    starts = range(0, n, NORMAL_BLOCK)
+    children = rng.spawn(len(starts))
+
+    def fill(i: int) -> None:
+        piece = out[starts[i]:starts[i] + NORMAL_BLOCK]
+        children[i].standard_normal(out=piece, dtype=np.float32)
+        if scale != 1.0:
+            piece *= np.float32(scale)
+        _round_in_place(piece, dtype)
+
+    parallel_map(fill, range(len(starts)))
+    return out.reshape(shape)
+
+
+def parallel_map(fn, items, blas: bool = False) -> list:
+    """[fn(x) for x in items] on host threads, in order. For numpy-heavy host work (input draws, float64
+    references): ufuncs, BLAS and the generators release the GIL. blas=True for work dominated by BLAS calls:
+    OpenBLAS takes every core per call unless OPENBLAS_NUM_THREADS (or OMP_NUM_THREADS) says otherwise, and
+    threads calling it at once then oversubscribe the cores (2x slower than serial measured on 2 cores), so
+    such work gets cores / BLAS threads workers: serial by default, every core with OPENBLAS_NUM_THREADS=1."""
+    items = list(items)
+    cores = os.cpu_count() or 1
+    workers = min(len(items), cores // _blas_threads(cores) if blas else cores)
+    if workers <= 1:
+        return [fn(x) for x in items]
+    pool = ThreadPoolExecutor(max_workers=workers)
+    try:
+        return list(pool.map(fn, items))
+    finally:   # on Ctrl-C / SIGINT: drop the queued items, wait only for the running ones
+        pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _blas_threads(cores: int) -> int:
+    for var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS"):
+        value = os.environ.get(var, "")
+        if value.isdigit() and int(value) > 0:
+            return min(int(value), cores)
+    return cores
+
+
+def _round_in_place(x: np.ndarray, dtype: str) -> None:
+    """x (finite float32, contiguous) <- its values rounded through dtype, as round_to does, without a new
+    array or torch's intra-op threads (this runs on parallel_map's threads): bf16 is round-to-nearest-even of
+    the upper 16 bits (finite inputs only: a NaN payload could round to inf)."""
+    if dtype == "bfloat16":
+        u = x.view(np.uint32)
+        u += np.uint32(0x7FFF) + ((u >> np.uint32(16)) & np.uint32(1))
+        u &= np.uint32(0xFFFF0000)
 
 
 def to_torch(x: np.ndarray, device: str, dtype: str | None = None) -> torch.Tensor:

@@ -18,17 +18,19 @@ EXACT = ("tokens", "parents", "depths", "first_child", "next_sibling", "n_nodes"
 def make_inputs(case, seed: int) -> dict:
     shape, rng = case.shape, np.random.default_rng(seed)
     b, l, v = shape.batch, shape.depth, shape.vocab
+    dtype = common.run_dtype(case.dtype)
     if shape.logits == "ties":      # few distinct values: many exact ties inside and across rows
-        logits = rng.integers(-4, 5, size=(b, l, v)).astype(np.float64) * 0.5
+        logits = common.round_to(rng.integers(-4, 5, size=(b, l, v)).astype(np.float64) * 0.5, dtype)
     elif shape.logits == "peaked":  # one dominant token per row, like a confident drafter
-        logits = rng.standard_normal((b, l, v), dtype=np.float32)
+        logits = common.standard_normal(rng, (b, l, v), "float32")
         logits[np.arange(b)[:, None], np.arange(l)[None, :], rng.integers(0, v, (b, l))] += 12.0
-    else:
-        logits = 3.0 * rng.standard_normal((b, l, v), dtype=np.float32)   # float32 draws: big V is fast
+        logits = common.round_to(logits, dtype)
+    else:                           # float32 draws on threads: B 64 x 15 x 163840 is 1.6e8 of them
+        logits = common.standard_normal(rng, (b, l, v), dtype, scale=3.0)
     budgets = (rng.integers(1, shape.budget + 1, size=b) if shape.ragged_budgets and shape.budget > 0
                else np.full(b, shape.budget))
     return {
-        "logits": common.round_to(logits, common.run_dtype(case.dtype)),       # [B, L, V]
+        "logits": logits,                                     # [B, L, V] float32 (bf16 values for bf16)
         "budgets": budgets.astype(np.int32),                  # [B]
         "root_tokens": rng.integers(0, v, size=b).astype(np.int64),
         "past_lens": rng.integers(1, 4096, size=b).astype(np.int32),
