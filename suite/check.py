@@ -49,12 +49,24 @@ def compare(got, want, tol: Tolerance) -> CheckResult:
     if want_raw.size == 0:
         return CheckResult(True, 0, 0.0, 0.0, 0.0, 0.0, "empty arrays")
     exact = want_raw.dtype.kind in "iub" or (tol.rtol == 0 and tol.atol == 0)
+    if exact and _identical(got_raw, want_raw):   # one pass instead of ~25 over large exact outputs
+        return CheckResult(True, 0, 0.0, 0.0, 0.0, 0.0, "identical")
     if want_raw.dtype.kind in "iub" and got_raw.dtype.kind in "iub":
         return _compare_ints(got_raw, want_raw)
     g = got_raw.astype(np.float64).ravel()
     w = want_raw.astype(np.float64).ravel()
     rtol, atol = (0.0, 0.0) if exact else (tol.rtol, tol.atol)
     return _compare_floats(g, w, got_raw, want_raw, rtol, atol, tol)
+
+
+def _identical(got: np.ndarray, want: np.ndarray) -> bool:
+    """Same values element for element (NaN equal to NaN): the result the full exact comparison would give
+    with every error 0. Compared in the reference's dtype when got converts to it exactly."""
+    if got.dtype.kind in "iub" and want.dtype.kind in "iub":
+        return bool(np.array_equal(got.astype(np.int64), want.astype(np.int64)))
+    if got.dtype.kind == "f" and want.dtype.kind == "f" and np.can_cast(got.dtype, want.dtype, "safe"):
+        return bool(np.array_equal(got.astype(want.dtype, copy=False), want, equal_nan=True))
+    return False
 
 
 def _compare_ints(got: np.ndarray, want: np.ndarray) -> CheckResult:

@@ -139,3 +139,15 @@ def test_merge_ignores_nan_figures_of_failed_shape_checks():
     merged = merge([ok, shape_fail])
     assert not merged.passed and merged.max_abs == 0.0 and not math.isnan(merged.max_abs)
     assert "shape mismatch" in merged.worst
+
+
+def test_identical_exact_outputs_take_the_one_pass_path():
+    """Exact tolerances on equal arrays (NaN where the reference has NaN) pass with every figure 0; one
+    differing element still goes through the full comparison and names the element."""
+    want = np.array([[1.5, np.nan], [-0.0, 3.0]])
+    same = compare(want.astype(np.float32), want, Tolerance(rtol=0, atol=0))
+    assert same.passed and same.worst == "identical" and same.max_abs == 0 and same.pct_outside == 0
+    off = want.copy()
+    off[1, 1] = 3.5
+    res = compare(off, want, Tolerance(rtol=0, atol=0))
+    assert not res.passed and "(1, 1)" in res.worst
