@@ -242,3 +242,11 @@ def test_number_formats():
     assert report.fmt_num(0.0) == "0" and report.cell(4.0, "num") == "4" and report.cell(2.5, "x") == "2.5×"
     assert report.fmt_time_range(9.68e-4, 1.06e-3) == "0.968–1.06 ms"
     assert report.span((1.58, 2.11)) == "1.58–2.11" and report.span((3.0, 3.0)) == "3"
+
+
+def test_merged_run_shows_its_notes_and_commands_escaped(tmp_path):
+    meta = {"status": "finished", "notes": "merged <b>three</b> calls",
+            "commands": ["kdbench run a.yaml --filter '<x>'  (commit abc1234)", "kdbench run b.yaml  (commit def5678)"]}
+    html = report.render(write_run(tmp_path / "run", [kernel_rec("c", "cuda", 8, 1e-3)], meta)).read_text()
+    assert "merged &lt;b&gt;three&lt;/b&gt; calls" in html and "the 2 runs merged here" in html
+    assert "--filter &#39;&lt;x&gt;&#39;  (commit abc1234)" in html
