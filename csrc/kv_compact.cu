@@ -1,9 +1,6 @@
-// kv_compact kernel: one work item per (layer, request, column vector), a grid-stride loop over them with one
-// resident wave of blocks (a second, nearly empty wave cost a fixed tail). Each item copies its vector of
+// kv_compact kernel: one thread per (layer, request, column vector). Each thread copies its vector of
 // every accepted row in ascending k, loads of a group of rows before their stores: with accepted[k] >= k
 // no load ever reads a row that an earlier store wrote. Design: plans/0004-kernels.md "## kv_compact".
-#include <algorithm>
-
 #include "common.h"
 #include "kv_compact.h"
 
@@ -13,9 +10,11 @@ namespace {
 constexpr int kThreads = 256;
 constexpr int kGroup = 8;  // rows loaded before they are stored: 8 independent loads in flight
 
-// Copies column vector `col` of the accepted rows of one (layer, request) slice `lb` = layer * B + b.
 template <typename Vec>
-__device__ __forceinline__ void compact_item(const KvCompactArgs& a, int vecs_per_row, int64_t t) {
+__global__ void __launch_bounds__(kThreads) compact_kernel(KvCompactArgs a, int vecs_per_row) {
+  const int64_t t = int64_t(blockIdx.x) * kThreads + threadIdx.x;
+  const int64_t total = int64_t(a.layers) * a.batch * vecs_per_row;
+  if (t >= total) return;
   const int col = int(t % vecs_per_row);
   const int64_t lb = t / vecs_per_row;  // layer * B + b
   const int b = int(lb % a.batch);
@@ -38,31 +37,10 @@ __device__ __forceinline__ void compact_item(const KvCompactArgs& a, int vecs_pe
 }
 
 template <typename Vec>
-__global__ void __launch_bounds__(kThreads) compact_kernel(KvCompactArgs a, int vecs_per_row) {
-  const int64_t total = int64_t(a.layers) * a.batch * vecs_per_row;
-  for (int64_t t = int64_t(blockIdx.x) * kThreads + threadIdx.x; t < total; t += int64_t(gridDim.x) * kThreads)
-    compact_item<Vec>(a, vecs_per_row, t);
-}
-
-// Blocks that fit on the device at once (SMs x resident blocks per SM): the grid never exceeds one wave.
-template <typename Vec>
-cudaError_t resident_blocks(int& blocks) {
-  int dev = 0, sms = 0, per_sm = 0;
-  KDB_CUDA_TRY(cudaGetDevice(&dev));
-  KDB_CUDA_TRY(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-  KDB_CUDA_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, compact_kernel<Vec>, kThreads, 0));
-  blocks = sms * (per_sm > 0 ? per_sm : 1);
-  return cudaSuccess;
-}
-
-template <typename Vec>
 cudaError_t launch(const KvCompactArgs& a, cudaStream_t stream) {
   const int vecs = int(int64_t(a.dim) * a.element_bytes / sizeof(Vec));
   const int64_t total = int64_t(a.layers) * a.batch * vecs;
-  int wave = 0;
-  KDB_CUDA_TRY(resident_blocks<Vec>(wave));
-  const int64_t blocks = std::min<int64_t>(ceil_div<int64_t>(total, kThreads), wave);
-  compact_kernel<Vec><<<unsigned(blocks), kThreads, 0, stream>>>(a, vecs);
+  compact_kernel<Vec><<<unsigned(ceil_div<int64_t>(total, kThreads)), kThreads, 0, stream>>>(a, vecs);
   KDB_LAUNCH_CHECK();
   return cudaSuccess;
 }

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# H200 call F (session 2): kv_compact with the one-wave grid-stride launch: the GPU tests, then the bench shapes
-# B 64 / 128 on the inputs of the committed scenario rows (reports/h200/time_kv_compact.py). ~3 minutes.
+# H200 call F (session 2): kv_compact with the one-wave grid-stride launch (commit 47b9623; slower, reverted):
+# the GPU tests, then the bench shapes B 64 / 128 on the inputs of the committed scenario rows
+# (reports/h200/time_kv_compact.py). ~3 minutes.
 # Usage (device machine, repo root): KDBENCH_GIT_SHA=<sha> bash reports/h200/run_call_f.sh OUT_DIR
 set -uo pipefail
 out=${1:?OUT_DIR}; export PYTHONUNBUFFERED=1 MPLBACKEND=Agg; t0=$(date +%s)
