@@ -53,15 +53,17 @@ def _git(*args: str) -> str:
 
 
 def git_state() -> dict[str, Any]:
-    """sha of HEAD and whether tracked files differ from it. Outside a git checkout (the GPU machine gets a
-    copy of the working tree without .git) the sha comes from $KDBENCH_GIT_SHA when the caller sets it."""
+    """sha of HEAD and whether tracked files differ from it. $KDBENCH_GIT_SHA, when set, wins: the GPU
+    machine gets a copy of the working tree whose .git (if any) can be an older snapshot than the files (seen
+    2026-11-30: records said the session's first commit, "dirty"), so the caller names the commit it sent."""
+    sha = os.environ.get("KDBENCH_GIT_SHA", "")
+    if sha:
+        return {"sha": sha, "dirty": False, "reason": "from $KDBENCH_GIT_SHA"}
     try:
         return {"sha": _git("rev-parse", "HEAD"),
                 "dirty": bool(_git("status", "--porcelain", "--untracked-files=no"))}
     except (OSError, subprocess.SubprocessError) as exc:
-        sha = os.environ.get("KDBENCH_GIT_SHA", "")
-        reason = "from $KDBENCH_GIT_SHA" if sha else f"no git state: {type(exc).__name__}"
-        return {"sha": sha, "dirty": False, "reason": reason}
+        return {"sha": "", "dirty": False, "reason": f"no git state: {type(exc).__name__}"}
 
 
 def _nvml_gpus() -> tuple[list[dict[str, Any]], str]:

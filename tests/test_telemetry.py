@@ -208,3 +208,14 @@ def test_git_sha_falls_back_to_the_environment_outside_a_checkout(monkeypatch):
     assert envinfo.git_state() == {"sha": "25be075", "dirty": False, "reason": "from $KDBENCH_GIT_SHA"}
     monkeypatch.delenv("KDBENCH_GIT_SHA")
     assert envinfo.git_state()["sha"] == ""
+
+
+def test_git_sha_from_the_environment_wins_over_a_stale_checkout(monkeypatch):
+    """The device's copy can carry an older .git than its files: the commit the caller names is recorded."""
+    from kdbench import envinfo
+
+    monkeypatch.setattr(envinfo, "_git", lambda *args: "fa772f6" if args[0] == "rev-parse" else " M suite/x.py")
+    monkeypatch.delenv("KDBENCH_GIT_SHA", raising=False)
+    assert envinfo.git_state() == {"sha": "fa772f6", "dirty": True}
+    monkeypatch.setenv("KDBENCH_GIT_SHA", "2666237")
+    assert envinfo.git_state() == {"sha": "2666237", "dirty": False, "reason": "from $KDBENCH_GIT_SHA"}
