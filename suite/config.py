@@ -199,14 +199,14 @@ def select(cases: list[Case], exprs: list[str] | None, where: str = "the scenari
     nothing is a UserError naming it and `where` (a typo must not silently shrink a run)."""
     if not exprs:
         return list(cases)
-    chosen: set[str] = set()
+    chosen: set[int] = set()   # positions, not names: names repeat across scenario files (`chain`)
     for expr in exprs:
-        exact = [c.name for c in cases if c.name == expr]
-        hits = exact or [c.name for c in cases if matches(c, expr)]
+        exact = [i for i, c in enumerate(cases) if c.name == expr]
+        hits = exact or [i for i, c in enumerate(cases) if matches(c, expr)]
         if not hits:
             raise UserError(f"--filter {expr!r} matches no case in {where}")
         chosen.update(hits)
-    return [c for c in cases if c.name in chosen]
+    return [c for i, c in enumerate(cases) if i in chosen]
 
 
 def matches(case: Case, expr: str | None) -> bool:

@@ -88,6 +88,16 @@ def test_several_filters_select_the_union_in_file_order():
         config.select(cases, ["family=tree_accept", "no-such"], "smoke")
 
 
+def test_filter_selects_cases_not_names_across_files():
+    """`chain` is a case in both e2e files: a filter on a shape key picks the one case, not every namesake."""
+    root = Path(__file__).parents[1] / "scenarios" / "e2e"
+    cases = [c for f in ("tiny_cpu.yaml", "h200_slice2.yaml") for c in config.load(root / f).cases]
+    chains = [c for c in cases if c.name == "chain"]
+    assert len(chains) == 2 and chains[0].shape.batch != chains[1].shape.batch
+    picked = config.select(cases, [f"chain,batch={chains[0].shape.batch}"])
+    assert picked == [chains[0]]
+
+
 def test_sweep_axis_must_be_dtype_or_shape_key(tmp_path):
     path = _write(tmp_path, "name: s\nkind: kernel\ncases:\n  - name: a\n    family: kv_compact\n"
                             "    shape: {batch: 1, budget: 2, past_len: 3}\n    sweep: {trials: [1, 2]}\n")
