@@ -19,7 +19,9 @@ L2_FALLBACK_BYTES = 64 << 20        # used only when torch does not report the L
 # Launch shield: a GPU spin of this many cycles (~100 us at 1.98 GHz) is queued before each sample's start
 # event, so the event, fn's first launch and the end event are enqueued while the GPU is still busy: host
 # launch latency stays out of the device time (on the H200 a slower host made 7-35 us kernels read 1.2-2.2x
-# slower in one run of an A/A pair). Host work inside fn after its first launch is still timed, as it should be.
+# slower in one run of an A/A pair). It also hides up to ~100 us of any host work inside fn that does not wait
+# for the GPU; host work that blocks on the GPU (a sync, a device-to-host copy) is timed in full. Callers that
+# measure host overhead itself (eager vs CUDA-graph steps) pass shield=False.
 LAUNCH_SHIELD_CYCLES = 200_000
 
 
@@ -41,16 +43,16 @@ def summarize(samples) -> TimingResult:
 
 
 def measure(fn: Callable[[], object], *, warmup: int, repeat: int, device: str,
-            flush_l2: bool = True) -> TimingResult:
+            flush_l2: bool = True, shield: bool = True) -> TimingResult:
     """Call fn `warmup` times untimed, then `repeat` timed samples. device 'cuda' (or 'cuda:N'): one pair of
     CUDA events around each call on the current stream, a 2x-L2 buffer written before each sample when
-    flush_l2 (cold caches), then the launch shield (LAUNCH_SHIELD_CYCLES). device 'cpu': perf_counter_ns around each call; flush_l2 is not applied."""
+    flush_l2 (cold caches), then the launch shield when `shield` (LAUNCH_SHIELD_CYCLES). device 'cpu': perf_counter_ns around each call; flush_l2 is not applied."""
     if repeat < 1 or warmup < 0:
         raise ValueError(f"measure(): warmup={warmup}, repeat={repeat}; need warmup >= 0, repeat >= 1")
     if device == "cpu":
         return _measure_cpu(fn, warmup, repeat)
     if device.startswith("cuda"):
-        return _measure_cuda(fn, warmup, repeat, device, flush_l2)
+        return _measure_cuda(fn, warmup, repeat, device, flush_l2, shield)
     raise ValueError(f"measure(): device {device!r}, expected 'cpu' or 'cuda'")
 
 
@@ -71,7 +73,7 @@ def l2_bytes(device: str = "cuda") -> int:
     return int(getattr(props, "L2_cache_size", 0) or L2_FALLBACK_BYTES)
 
 
-def _measure_cuda(fn, warmup: int, repeat: int, device: str, flush_l2: bool) -> TimingResult:
+def _measure_cuda(fn, warmup: int, repeat: int, device: str, flush_l2: bool, shield_on: bool) -> TimingResult:
     import torch
     dev = torch.device(device)
     with torch.cuda.device(dev):
@@ -82,7 +84,7 @@ def _measure_cuda(fn, warmup: int, repeat: int, device: str, flush_l2: bool) -> 
         events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
                   for _ in range(repeat)]
         torch.cuda.synchronize(dev)
-        shield = getattr(torch.cuda, "_sleep", None)   # torch's spin kernel (test helper, present since 1.x)
+        shield = getattr(torch.cuda, "_sleep", None) if shield_on else None   # torch's spin kernel
         for start, end in events:
             if flush is not None:
                 flush.fill_(1)

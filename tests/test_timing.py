@@ -88,3 +88,20 @@ def test_cuda_timing_keeps_host_launch_latency_out():
 
     res = timing.measure(slow_host_launch, warmup=2, repeat=20, device="cuda", flush_l2=False)
     assert res.median_s < 15e-6, f"median {res.median_s * 1e6:.1f} us: host latency leaked into device time"
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU: CUDA-event timing")
+def test_cuda_timing_without_shield_keeps_host_gaps():
+    """shield=False (eager vs graph steps): a host gap between two launches inside fn is device idle time."""
+    x = torch.zeros(1024, device="cuda")
+
+    def gap_between_launches():
+        x.add_(1)
+        t_end = time.perf_counter() + 30e-6
+        while time.perf_counter() < t_end:
+            pass
+        x.add_(1)
+
+    res = timing.measure(gap_between_launches, warmup=2, repeat=20, device="cuda", flush_l2=False, shield=False)
+    assert res.median_s > 25e-6, f"median {res.median_s * 1e6:.1f} us: the host gap must be timed"
