@@ -73,19 +73,8 @@ __device__ __forceinline__ int warp_inclusive_scan(int v, int lane) {
   return v;
 }
 
-// All lanes of a warp call this with their own predicate; returns each true lane's slot in a shared list.
-__device__ __forceinline__ int warp_append_slot(bool pred, int* counter) {
-  const unsigned ball = __ballot_sync(kFullMask, pred);
-  if (ball == 0) return -1;
-  const int lane = threadIdx.x & 31;
-  int base = 0;
-  if (lane == 0) base = atomicAdd(counter, __popc(ball));
-  base = __shfl_sync(kFullMask, base, 0);
-  return pred ? base + __popc(ball & ((1u << lane) - 1u)) : -1;
-}
-
 // All lanes call this with their own item count n >= 0; returns the lane's first slot of n consecutive slots
-// in a shared list. One atomic per warp (warp_append_slot costs one per item position).
+// in a shared list, with one atomic per warp.
 __device__ __forceinline__ int warp_append_base(int n, int* counter) {
   const int lane = threadIdx.x & 31;
   const int incl = warp_inclusive_scan(n, lane);

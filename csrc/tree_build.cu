@@ -33,8 +33,7 @@ struct TopkSmem {
   uint32_t hist[kBins];
   int count;               // candidates held
   int new_count;
-  uint64_t thr;            // the k-th largest key held after the last prune (a lower bound of the final one)
-  float thr_val;           // its logit value: logits x >= thr_val are admitted
+  float thr_val;           // logit value of the k-th largest key after the last prune: x >= thr_val is admitted
   int sel_digit, sel_above, sel_bin;
   float red_m[kThreads / 32], red_s[kThreads / 32];
 };
@@ -117,7 +116,7 @@ __device__ void prune_to_k(uint64_t* keys, int k, TopkSmem& sm) {
   __syncthreads();
   if (threadIdx.x == 0) {
     const float tv = float_from_order_key(uint32_t(t >> 32));
-    sm.count = k, sm.thr = t, sm.thr_val = isnan(tv) ? -INFINITY : tv;
+    sm.count = k, sm.thr_val = isnan(tv) ? -INFINITY : tv;
   }
   __syncthreads();
 }
@@ -245,7 +244,7 @@ __global__ void __launch_bounds__(kThreads, 4) topk_kernel(TopkArgs a) {
   const int64_t r = blockIdx.x;
   const int V = a.vocab, k = a.k;
   const T* row = static_cast<const T*>(a.logits) + r * V;
-  if (threadIdx.x == 0) sm.count = 0, sm.thr = 0, sm.thr_val = -INFINITY;
+  if (threadIdx.x == 0) sm.count = 0, sm.thr_val = -INFINITY;
   __syncthreads();
 
   LseState st;

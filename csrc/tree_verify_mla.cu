@@ -1,7 +1,8 @@
 // tree_verify_mla: absorbed MLA attention under a tree ancestor mask, bf16 tensor cores, fp32 softmax.
 // One CTA = 64 query rows (row = node * H + head) x one KV split; each 64-token x 576 KV tile is loaded once
 // into shared memory and read both as K (576 columns) and V (first 512). Two MMA paths over one smem layout:
-// wgmma (sm_90a, two warpgroups) and mma.sync (sm_80+, eight warps). Design: plans/0004-kernels.md.
+// wgmma (sm_90a, two warpgroups) and mma.sync (sm_80+ instructions, eight warps); both need 231,424 B of
+// shared memory per block (H100/H200 class). Design: plans/0004-kernels.md.
 #include "tree_verify_mla.h"
 
 #include "ptx_mma.h"

@@ -30,7 +30,7 @@ struct TreeVerifyMlaArgs {
   TreeVerifyMlaShape shape;
   double scale;             // softmax scale applied to q . k
   int num_splits;           // from tree_verify_mla_num_splits
-  bool use_wgmma;           // the sm_90a warpgroup-MMA path (H100/H200); false: mma.sync (sm_80+)
+  bool use_wgmma;           // the sm_90a warpgroup-MMA path (H100/H200); false: mma.sync (sm_80+ instructions)
 };
 
 // Dynamic shared memory one CTA of the attention kernel needs (bytes).

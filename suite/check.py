@@ -42,7 +42,8 @@ def _failed(worst: str) -> CheckResult:
 def compare(got, want, tol: Tolerance) -> CheckResult:
     """Elementwise |got - want| <= atol + rtol * |want|; pass iff no unmatched NaN/inf, at most
     tol.max_outside_pct % of elements outside, and rel_l2 <= tol.rel_l2 when that is set.
-    Integer/bool references are compared exactly whatever the tolerance says."""
+    Integer/bool references are compared exactly whatever the tolerance says, as int64 bit patterns: a uint64
+    bitmask equals its int64 view (torch stores uint64 masks in int64 tensors)."""
     got_raw, want_raw = np.asarray(got), np.asarray(want)
     if got_raw.shape != want_raw.shape:
         return _failed(f"shape mismatch: got {got_raw.shape}, want {want_raw.shape}")

@@ -128,6 +128,29 @@ def test_float64_divergence_is_never_a_near_tie():
     assert bug and "MISMATCH (prompt 0, position 1" in verdict, verdict
 
 
+def test_near_tie_threshold_is_looked_up_by_the_model_dtype(monkeypatch):
+    """With a (patched) float64 threshold above the runner-up's gap the same divergence is a near-tie, not a
+    bug: the verdict follows the model's dtype entry."""
+    import torch
+
+    from kdbench.engine.engine import generate, target_from_preset
+    from kdbench.engine.stages import Policy
+    from kdbench.kinds import generation as gen
+
+    model = target_from_preset("tiny", seed=5, device="cpu", dtype=torch.float64)
+    prompts = [[1, 2, 3, 4]]
+    ar = [generate(model, None, prompts, 4, Policy(kind="ar"))]
+    prefix = prompts[0] + ar[0].tokens[0][:1]
+    out = model.forward(torch.tensor([prefix]), torch.arange(len(prefix))[None], model.new_cache(1, 8),
+                        torch.zeros(1, dtype=torch.int32), logit_rows=torch.tensor([len(prefix) - 1]))
+    top2 = torch.topk(out.logits[0, 0], 2)
+    gap = float(top2.values[0] - top2.values[1])
+    planted = [type(ar[0])(tokens=[ar[0].tokens[0][:1] + [int(top2.indices[1])] + ar[0].tokens[0][2:]])]
+    monkeypatch.setitem(gen.NEAR_TIE_LOGIT, torch.float64, 2 * gap)
+    verdict, bug = gen.losslessness(model, prompts, ar, planted)
+    assert not bug and verdict.startswith("no: near-tie (prompt 0, position 1"), verdict
+
+
 def _least_likely_next(model, prefix):
     import torch
     n = len(prefix)
