@@ -6,6 +6,7 @@ Each module provides (duck-typed, see tree_build.py for the longest example):
   reference(inputs, shape) -> dict of numpy outputs (float64 / int64): the truth
   run(backend, inputs, shape, device) -> dict of numpy outputs of that backend (one fresh run)
   timed(backend, inputs, shape, device) -> zero-argument callable that runs the backend on resident inputs
+      (a family may cache those device copies in inputs["_device"], shared by its backends: tree_verify_mla)
   check(got, want, tol) -> CheckResult (worst over the output arrays)
   bytes_moved(shape, dtype) -> float, flops(shape) -> float: the napkin math behind every roofline figure
 """
