@@ -111,19 +111,10 @@ def test_float64_divergence_is_never_a_near_tie():
     """The near-tie excuse depends on the dtype: float64 has none, so even AR's runner-up token is a MISMATCH."""
     import torch
 
-    from kdbench.engine.engine import generate, target_from_preset
-    from kdbench.engine.stages import Policy
     from kdbench.kinds import generation as gen
 
     assert gen.NEAR_TIE_LOGIT[torch.float64] == 0 < gen.NEAR_TIE_LOGIT[torch.float32] < gen.NEAR_TIE_LOGIT[torch.bfloat16]
-    model = target_from_preset("tiny", seed=5, device="cpu", dtype=torch.float64)
-    prompts = [[1, 2, 3, 4]]
-    ar = [generate(model, None, prompts, 4, Policy(kind="ar"))]
-    prefix = prompts[0] + ar[0].tokens[0][:1]
-    out = model.forward(torch.tensor([prefix]), torch.arange(len(prefix))[None], model.new_cache(1, 8),
-                        torch.zeros(1, dtype=torch.int32), logit_rows=torch.tensor([len(prefix) - 1]))
-    runner_up = int(torch.topk(out.logits[0, 0], 2).indices[1])
-    planted = [type(ar[0])(tokens=[ar[0].tokens[0][:1] + [runner_up] + ar[0].tokens[0][2:]])]
+    model, prompts, ar, planted, _gap = _runner_up_at_position_1()
     verdict, bug = gen.losslessness(model, prompts, ar, planted)
     assert bug and "MISMATCH (prompt 0, position 1" in verdict, verdict
 
@@ -133,31 +124,34 @@ def test_near_tie_threshold_is_looked_up_by_the_model_dtype(monkeypatch):
     bug: the verdict follows the model's dtype entry."""
     import torch
 
-    from kdbench.engine.engine import generate, target_from_preset
-    from kdbench.engine.stages import Policy
     from kdbench.kinds import generation as gen
 
-    model = target_from_preset("tiny", seed=5, device="cpu", dtype=torch.float64)
-    prompts = [[1, 2, 3, 4]]
-    ar = [generate(model, None, prompts, 4, Policy(kind="ar"))]
-    prefix = prompts[0] + ar[0].tokens[0][:1]
-    out = model.forward(torch.tensor([prefix]), torch.arange(len(prefix))[None], model.new_cache(1, 8),
-                        torch.zeros(1, dtype=torch.int32), logit_rows=torch.tensor([len(prefix) - 1]))
-    top2 = torch.topk(out.logits[0, 0], 2)
-    gap = float(top2.values[0] - top2.values[1])
-    planted = [type(ar[0])(tokens=[ar[0].tokens[0][:1] + [int(top2.indices[1])] + ar[0].tokens[0][2:]])]
+    model, prompts, ar, planted, gap = _runner_up_at_position_1()
     monkeypatch.setitem(gen.NEAR_TIE_LOGIT, torch.float64, 2 * gap)
     verdict, bug = gen.losslessness(model, prompts, ar, planted)
     assert not bug and verdict.startswith("no: near-tie (prompt 0, position 1"), verdict
 
 
-def _least_likely_next(model, prefix):
+def _runner_up_at_position_1():
+    """A float64 tiny model, one prompt, its AR run, and that run with AR's runner-up token planted at position
+    1; also AR's logit gap there (best - runner-up)."""
     import torch
-    n = len(prefix)
-    cache = model.new_cache(1, n + 1)
-    out = model.forward(torch.tensor([prefix]), torch.arange(n)[None], cache, torch.zeros(1, dtype=torch.int32),
-                        kv_limit=n, logit_rows=torch.tensor([n - 1], dtype=torch.int32), attn="torch")
-    return int(out.logits[0, 0].argmin())
+
+    from kdbench.engine.engine import generate, target_from_preset
+    from kdbench.engine.stages import Policy
+    from kdbench.kinds.generation import next_logits
+
+    model = target_from_preset("tiny", seed=5, device="cpu", dtype=torch.float64)
+    prompts = [[1, 2, 3, 4]]
+    ar = [generate(model, None, prompts, 4, Policy(kind="ar"))]
+    top2 = torch.topk(next_logits(model, prompts[0] + ar[0].tokens[0][:1]), 2)
+    planted = [type(ar[0])(tokens=[ar[0].tokens[0][:1] + [int(top2.indices[1])] + ar[0].tokens[0][2:]])]
+    return model, prompts, ar, planted, float(top2.values[0] - top2.values[1])
+
+
+def _least_likely_next(model, prefix):
+    from kdbench.kinds.generation import next_logits
+    return int(next_logits(model, prefix).argmin())
 
 
 def test_float64_cases_and_padding_rows_check_every_backend(tmp_path):

@@ -151,15 +151,20 @@ def losslessness(model, all_prompts, ar, spec) -> tuple[str, bool]:
 
 
 def logit_gap(model, prefix: list[int], a: int, b: int) -> float:
-    """logit[a] - logit[b] after `prefix`, from one causal prefill on the torch attention path."""
+    """logit[a] - logit[b] after `prefix`."""
+    logits = next_logits(model, prefix).double()
+    return float(logits[a] - logits[b])
+
+
+def next_logits(model, prefix: list[int]) -> torch.Tensor:
+    """[V] logits after `prefix`, from one causal prefill on the torch attention path."""
     dev, n = model.device, len(prefix)
     tokens = torch.tensor([prefix], dtype=torch.int64, device=dev)
     cache = model.new_cache(1, n + 1)
     zero = torch.zeros(1, dtype=torch.int32, device=dev)
     out = model.forward(tokens, torch.arange(n, device=dev)[None], cache, zero, kv_limit=n,
                         logit_rows=torch.full((1,), n - 1, dtype=torch.int32, device=dev), attn="torch")
-    logits = out.logits[0, 0].double()
-    return float(logits[a] - logits[b])
+    return out.logits[0, 0]
 
 
 def base_record(case, ctx, backend: str) -> Record:
