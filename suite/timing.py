@@ -46,7 +46,8 @@ def measure(fn: Callable[[], object], *, warmup: int, repeat: int, device: str,
             flush_l2: bool = True, shield: bool = True) -> TimingResult:
     """Call fn `warmup` times untimed, then `repeat` timed samples. device 'cuda' (or 'cuda:N'): one pair of
     CUDA events around each call on the current stream, a 2x-L2 buffer written before each sample when
-    flush_l2 (cold caches), then the launch shield when `shield` (LAUNCH_SHIELD_CYCLES). device 'cpu': perf_counter_ns around each call; flush_l2 is not applied."""
+    flush_l2 (cold caches), then the launch shield when `shield` (LAUNCH_SHIELD_CYCLES). device 'cpu':
+    perf_counter_ns around each call; flush_l2 is not applied."""
     if repeat < 1 or warmup < 0:
         raise ValueError(f"measure(): warmup={warmup}, repeat={repeat}; need warmup >= 0, repeat >= 1")
     if device == "cpu":
@@ -73,7 +74,7 @@ def l2_bytes(device: str = "cuda") -> int:
     return int(getattr(props, "L2_cache_size", 0) or L2_FALLBACK_BYTES)
 
 
-def _measure_cuda(fn, warmup: int, repeat: int, device: str, flush_l2: bool, shield_on: bool) -> TimingResult:
+def _measure_cuda(fn, warmup: int, repeat: int, device: str, flush_l2: bool, shield: bool) -> TimingResult:
     import torch
     dev = torch.device(device)
     with torch.cuda.device(dev):
@@ -84,12 +85,12 @@ def _measure_cuda(fn, warmup: int, repeat: int, device: str, flush_l2: bool, shi
         events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
                   for _ in range(repeat)]
         torch.cuda.synchronize(dev)
-        shield = getattr(torch.cuda, "_sleep", None) if shield_on else None   # torch's spin kernel
+        spin = getattr(torch.cuda, "_sleep", None) if shield else None   # torch's spin kernel
         for start, end in events:
             if flush is not None:
                 flush.fill_(1)
-            if shield is not None:
-                shield(LAUNCH_SHIELD_CYCLES)
+            if spin is not None:
+                spin(LAUNCH_SHIELD_CYCLES)
             start.record()
             fn()
             end.record()
