@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <new>
 #include <stdexcept>
 #include <string>
 #include <unordered_set>
@@ -240,7 +241,9 @@ struct Preamble {
   uint32_t n_tensors, data_crc;
 };
 
-inline Preamble check_preamble(const std::string& path, const uint8_t* b, uint64_t size) {
+// The fixed 40 bytes alone: magic, version, flags, lengths against the real file size. Cheap, so a
+// reader runs it before it reads (or allocates room for) anything past the preamble.
+inline Preamble check_fixed(const std::string& path, const uint8_t* b, uint64_t size) {
   if (size < kPreamble)
     throw Error(path + ": truncated: " + std::to_string(size) +
                 " bytes is shorter than the 40-byte KDTR preamble");
@@ -265,12 +268,57 @@ inline Preamble check_preamble(const std::string& path, const uint8_t* b, uint64
   if (p.n_tensors > (p.header_len - kPreamble) / kMinEntry)
     throw Error(path + ": " + std::to_string(p.n_tensors) + " tensors cannot fit in a " +
                 std::to_string(p.header_len) + "-byte header (each entry takes at least 21 bytes)");
+  return p;
+}
+
+// `b` holds at least the header (p.header_len bytes).
+inline void check_header_crc(const std::string& path, const uint8_t* b, const Preamble& p) {
   const uint32_t stored = load<uint32_t>(b + 36);
   const uint32_t crc = crc32(b + kPreamble, p.header_len - kPreamble, crc32(b, 36));
   if (crc != stored)
     throw Error(path + ": header checksum mismatch: stored crc32 " + hex8(stored) + ", computed " +
                 hex8(crc));
+}
+
+inline Preamble check_preamble(const std::string& path, const uint8_t* b, uint64_t size) {
+  const Preamble p = check_fixed(path, b, size);
+  check_header_crc(path, b, p);
   return p;
+}
+
+// Parses and checks every table entry of a header held in `b` (header_len bytes).
+inline std::vector<Entry> parse_table(const std::string& path, const uint8_t* b, const Preamble& p) {
+  std::unordered_set<std::string> names;
+  std::vector<Entry> entries;
+  uint64_t pos = kPreamble, min_offset = p.header_len;
+  for (uint32_t i = 0; i < p.n_tensors; ++i) {
+    Entry e = parse_entry(path, i, b, pos, p.header_len);
+    check_tensor(path, i, e, names);
+    check_placement(path, e, min_offset, p.file_len);
+    min_offset = e.offset + e.nbytes;  // <= file_len, checked above
+    entries.push_back(std::move(e));
+  }
+  if (pos != p.header_len)
+    throw Error(path + ": header has " + std::to_string(p.header_len - pos) +
+                " unparsed trailing bytes after " + std::to_string(p.n_tensors) + " tensors");
+  return entries;
+}
+
+// Grows `v` to n bytes; an allocation failure is a KDTR error naming the file, never bad_alloc.
+inline void grow(const std::string& path, std::vector<uint8_t>& v, uint64_t n) {
+  try {
+    v.resize(static_cast<size_t>(n));
+  } catch (const std::bad_alloc&) {
+    throw Error(path + ": cannot allocate " + std::to_string(n) + " bytes to read it");
+  } catch (const std::length_error&) {
+    throw Error(path + ": " + std::to_string(n) + " bytes is more than this machine can hold");
+  }
+}
+
+// C strings end at NUL: "a\0b" would silently open "a".
+inline void check_path(const std::string& path) {
+  if (path.find('\0') != std::string::npos)
+    throw Error(path.substr(0, path.find('\0')) + "...: path contains a NUL byte");
 }
 
 // A temp file beside the target: closed and removed on error, renamed over the target by commit().
@@ -361,18 +409,7 @@ inline File parse(const std::string& path, std::vector<uint8_t> bytes, bool veri
   const uint8_t* b = f.bytes.data();
   const uint64_t size = f.bytes.size();
   const detail::Preamble p = detail::check_preamble(path, b, size);
-  std::unordered_set<std::string> names;
-  uint64_t pos = kPreamble, min_offset = p.header_len;
-  for (uint32_t i = 0; i < p.n_tensors; ++i) {
-    Entry e = detail::parse_entry(path, i, b, pos, p.header_len);
-    detail::check_tensor(path, i, e, names);
-    detail::check_placement(path, e, min_offset, p.file_len);
-    min_offset = e.offset + e.nbytes;  // <= file_len, checked above
-    f.entries.push_back(std::move(e));
-  }
-  if (pos != p.header_len)
-    throw Error(path + ": header has " + std::to_string(p.header_len - pos) +
-                " unparsed trailing bytes after " + std::to_string(p.n_tensors) + " tensors");
+  f.entries = detail::parse_table(path, b, p);
   const uint32_t crc = verify ? crc32(b + p.header_len, size - p.header_len) : p.data_crc;
   if (crc != p.data_crc)
     throw Error(path + ": data checksum mismatch: stored crc32 " + detail::hex8(p.data_crc) +
@@ -380,19 +417,39 @@ inline File parse(const std::string& path, std::vector<uint8_t> bytes, bool veri
   return f;
 }
 
+// Reads in three steps, each checked before the next is read: the 40-byte preamble against the
+// file's size, then the header (checksum and every entry's bounds), then the body. A file that is
+// not KDTR, or whose sizes disagree, is rejected after reading 40 bytes, whatever its length.
 inline File read_file(const std::string& path, bool verify = true) {
+  detail::check_path(path);
   FILE* fp = std::fopen(path.c_str(), "rb");
   if (!fp) throw Error(path + ": cannot open: " + std::strerror(errno));
+  struct Closer {
+    FILE* f;
+    ~Closer() { std::fclose(f); }
+  } closer{fp};
+  auto fail = [&](const char* what) {
+    return Error(path + ": cannot " + what + ": " + (errno ? std::strerror(errno) : "short read"));
+  };
+  auto read_range = [&](std::vector<uint8_t>& v, uint64_t from, uint64_t to) {
+    errno = 0;
+    if (to > from && std::fread(v.data() + from, 1, to - from, fp) != to - from) throw fail("read");
+  };
+  errno = 0;
+  if (fseeko(fp, 0, SEEK_END) != 0) throw fail("seek");
+  const off_t end = ftello(fp);
+  if (end < 0 || fseeko(fp, 0, SEEK_SET) != 0) throw fail("seek");
+  const uint64_t size = static_cast<uint64_t>(end);
   std::vector<uint8_t> bytes;
-  const bool ok = fseeko(fp, 0, SEEK_END) == 0 && [&] {
-    const off_t size = ftello(fp);
-    if (size < 0 || fseeko(fp, 0, SEEK_SET) != 0) return false;
-    bytes.resize(static_cast<size_t>(size));
-    return std::fread(bytes.data(), 1, bytes.size(), fp) == bytes.size();
-  }();
-  const int err = errno;
-  std::fclose(fp);
-  if (!ok) throw Error(path + ": cannot read: " + std::strerror(err));
+  detail::grow(path, bytes, size < kPreamble ? size : kPreamble);
+  read_range(bytes, 0, bytes.size());
+  const detail::Preamble p = detail::check_fixed(path, bytes.data(), size);
+  detail::grow(path, bytes, p.header_len);
+  read_range(bytes, kPreamble, p.header_len);
+  detail::check_header_crc(path, bytes.data(), p);
+  detail::parse_table(path, bytes.data(), p);  // entry bounds against file_len before the body
+  detail::grow(path, bytes, size);
+  read_range(bytes, p.header_len, size);
   return parse(path, std::move(bytes), verify);
 }
 
@@ -400,6 +457,7 @@ inline File read_file(const std::string& path, bool verify = true) {
 // canonical (each blob at the next 64-byte boundary, zero padding, file length a multiple of 64),
 // so this writer and suite/kdtr.py produce byte-identical files from the same tensors.
 inline void write_file(const std::string& path, const std::vector<TensorView>& tensors) {
+  detail::check_path(path);
   std::vector<Entry> es;
   detail::Preamble p = detail::plan(path, tensors, es);
   static const uint8_t zeros[kAlign] = {};

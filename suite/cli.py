@@ -1,18 +1,24 @@
-"""The kdbench command line: parse, then call one function. Exit codes: 0 all passed, 1 a check failed or
-a regression, 2 usage or input error (one line, no traceback), 130 interrupted (finished cases kept)."""
+"""The kdbench command line: parse, then call one function. Exit codes: 0 all passed, 1 a check failed, a
+regression, or a compare that fails closed, 2 usage or input error (one line, no traceback), 128 + the signal
+when stopped by SIGINT (130), SIGHUP (129) or SIGTERM (143): finished cases kept, the run marked interrupted."""
 from __future__ import annotations
 
 import argparse
 import sys
 from pathlib import Path
 
+from kdbench import interrupts
 from kdbench.errors import UserError
 
 
 def _run(args) -> int:
     from kdbench import report, runner
-    outcome = runner.run_scenarios(args.scenarios, args.out, args.device, args.filter)
-    path = report.render(outcome.run_dir)
+    if args.max_cases < 1:
+        raise UserError(f"--max-cases: got {args.max_cases}, expected an integer >= 1")
+    outcome = runner.run_scenarios(args.scenarios, args.out, args.device, args.filter,
+                                   max_cases=args.max_cases)
+    with interrupts.finishing():    # the run is saved; a late signal must not lose its report
+        path = report.render(outcome.run_dir)
     _summary(outcome.records)
     print(f"report: {path}")
     return outcome.exit_code
@@ -39,6 +45,9 @@ def _run_dir(path: str) -> Path:
     p = Path(path)
     if not (p / "records.jsonl").exists() and not (p / "meta.json").exists():
         raise UserError(f"{path}: not a kdbench run directory (no records.jsonl or meta.json)")
+    for name in ("records.jsonl", "meta.json"):
+        if (p / name).exists() and not (p / name).is_file():
+            raise UserError(f"{p / name}: is not a regular file; the run is damaged")
     return p
 
 
@@ -48,8 +57,15 @@ def _compare(args) -> int:
         raise UserError(f"--alpha: got {args.alpha}, expected a significance level in (0, 1)")
     if not 0 <= args.min_effect:
         raise UserError(f"--min-effect: got {args.min_effect}, expected a relative change >= 0")
-    base, new = _run_dir(args.base), _run_dir(args.new)
-    result = regress.compare(base, new, alpha=args.alpha, min_effect=args.min_effect)
+    base, new = _run_dir(args.base), Path(args.new)
+    if new.exists():
+        _run_dir(args.new) if (new / "meta.json").exists() or (new / "records.jsonl").exists() else None
+    result = regress.compare(base, new, alpha=args.alpha, min_effect=args.min_effect,
+                             allow_partial=args.allow_partial)
+    for reason in result.closed:
+        print(f"kdbench compare: FAIL (closed): {reason}", file=sys.stderr)
+    if not new.is_dir():
+        return result.exit_code     # nowhere to put the HTML diff; the reason is on the terminal
     out = Path(args.out) if args.out else new / "compare.html"
     path = regress.render_compare(result, out)
     print("verdicts: " + ", ".join(f"{k} {v}" for k, v in sorted(result.verdict_counts.items())))
@@ -62,7 +78,7 @@ def _list(args) -> int:
     print("scenarios:")
     for path in sorted(Path(args.root).glob("**/*.yaml")):
         try:
-            s = config.load(path)
+            s = config.load(path, max_cases=args.max_cases)
             print(f"  {path}  ({s.kind}, {len(s.cases)} cases)")
         except UserError as exc:
             print(f"  {path}  (invalid: {exc})")
@@ -106,6 +122,11 @@ def _nightly(args) -> int:
     return nightly.run_nightly(args.out, args.baselines)
 
 
+def config_max_cases() -> int:
+    from kdbench.config import MAX_CASES   # config imports yaml only: light
+    return MAX_CASES
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="kdbench", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -117,6 +138,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="case filter: an exact case name, or comma-separated terms that must all match "
                         "(key=value on family/dtype/shape keys, else a substring of the name); repeat it to "
                         "run the cases any of the values selects")
+    r.add_argument("--max-cases", type=int, default=config_max_cases(), metavar="N",
+                   help="refuse a run that expands to more than N cases (default %(default)s)")
     r.set_defaults(func=_run)
     rep = sub.add_parser("report", help="render the HTML report of a run directory (partial runs too)")
     rep.add_argument("run_dir")
@@ -127,9 +150,12 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--out", help="HTML path (default NEW/compare.html)")
     c.add_argument("--alpha", type=float, default=0.002, help="U-test significance level")
     c.add_argument("--min-effect", type=float, default=0.05, help="minimum relative change of the median")
+    c.add_argument("--allow-partial", action="store_true",
+                   help="compare a partial, empty or different-scenario new run instead of failing (exit 1)")
     c.set_defaults(func=_compare)
     ls = sub.add_parser("list", help="scenarios, kernel families, backends and their availability")
     ls.add_argument("--root", default="scenarios", help="where to look for scenario files")
+    ls.add_argument("--max-cases", type=int, default=config_max_cases(), metavar="N", help=argparse.SUPPRESS)
     ls.set_defaults(func=_list)
     e = sub.add_parser("env", help="CPU, GPUs, driver, CUDA, torch, NVML topology")
     e.set_defaults(func=_env)
@@ -145,12 +171,21 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    interrupts.install()           # SIGTERM and SIGHUP behave like Ctrl-C from here on
     try:
+        args = build_parser().parse_args(argv)
         return args.func(args)
     except UserError as exc:
         print(f"kdbench: error: {exc}", file=sys.stderr)
         return 2
+    except OSError as exc:         # an I/O error on a path the user gave (unreadable, full disk, ...)
+        where = f"{exc.filename}: " if exc.filename else ""
+        print(f"kdbench: error: {where}{exc.strerror or exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt as exc:   # outside the case loop (imports, report rendering): nothing half-written
+        print(f"\nkdbench: interrupted ({exc if isinstance(exc, interrupts.Interrupted) else 'SIGINT'})",
+              file=sys.stderr)
+        return getattr(exc, "exit_code", 130)
 
 
 if __name__ == "__main__":

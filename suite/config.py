@@ -13,14 +13,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+import math
+
 import yaml
 
-from kdbench import schema
+from kdbench import schema, yamlload
 from kdbench.errors import ScenarioError, UserError
 from kdbench.shapes import FAMILY_BACKENDS, FAMILY_SHAPES, GENERATION_BACKENDS, KIND_SHAPES
 
 Kind = Literal["kernel", "acceptance", "e2e", "topology"]
 Dtype = Literal["float32", "bfloat16", "float64"]
+
+MAX_CASES = 5000                  # expanded cases per run unless --max-cases raises it (~hours on a GPU)
+MAX_CASE_TIMEOUT_S = 86400.0
 
 
 @dataclass(frozen=True)
@@ -35,8 +40,8 @@ class Tolerance:
     def validate(self):
         for name in ("rtol", "atol", "rel_l2", "max_outside_pct"):
             value = getattr(self, name)
-            if value is not None and not value >= 0:
-                return name, f"got {value}, expected a number >= 0"
+            if value is not None and not 0 <= value < math.inf:
+                return name, f"got {value}, expected a finite number >= 0"
         if self.max_outside_pct > 100:
             return "max_outside_pct", f"got {self.max_outside_pct}, expected a percentage in 0..100"
         return None
@@ -71,6 +76,9 @@ class CaseSpec:
     def validate(self):
         if not self.backends:
             return "backends", "got an empty list, expected at least one backend"
+        twice = [b for i, b in enumerate(self.backends) if b in self.backends[:i]]
+        if twice:
+            return "backends", f"{twice[0]!r} is listed twice; each backend gives one row per case"
         if self.trials < 1:
             return "trials", f"got {self.trials}, expected an integer >= 1"
         return None
@@ -83,6 +91,12 @@ class ScenarioSpec:
     cases: tuple[CaseSpec, ...]
     description: str = ""
     seed: int = 0
+    case_timeout_s: float = 600.0    # wall-clock limit per case; past it the case is an error row "timed out"
+
+    def validate(self):
+        if not 0 < self.case_timeout_s <= MAX_CASE_TIMEOUT_S:
+            return "case_timeout_s", f"got {self.case_timeout_s}, expected seconds in (0, {MAX_CASE_TIMEOUT_S:g}]"
+        return None
 
 
 @dataclass(frozen=True)
@@ -100,6 +114,7 @@ class Case:
     tolerance: Tolerance
     timing: Timing
     file: str
+    timeout_s: float = 600.0         # the scenario's case_timeout_s
 
     def shape_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self.shape)
@@ -122,24 +137,23 @@ def derive_seed(*parts: Any) -> int:
     return int.from_bytes(digest[:4], "little") & 0x7FFFFFFF
 
 
-def load(path: str | Path) -> Scenario:
-    """Read, validate and expand one scenario file. Raises ScenarioError (a UserError) on bad input."""
+def load(path: str | Path, max_cases: int = MAX_CASES) -> Scenario:
+    """Read, validate and expand one scenario file. Raises ScenarioError (a UserError) on bad input,
+    including a file that would expand to more than `max_cases` cases (counted before any is built)."""
     file = str(path)
-    p = Path(path)
-    if not p.is_file():
-        raise ScenarioError(file, "", "no such scenario file")
-    text = p.read_text(encoding="utf-8", errors="replace")
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "somewhere"
-        raise ScenarioError(file, "", f"not valid YAML ({where}): {getattr(exc, 'problem', exc)}") from None
+    text = _read(file)
+    data = _parse(text, file)
     if data is None:
         raise ScenarioError(file, "", "the file is empty; expected a mapping with keys name, kind, cases")
     spec = schema.build(ScenarioSpec, data, file)
     if not spec.cases:
         raise ScenarioError(file, "cases", "got an empty list, expected at least one case")
+    total = 0
+    for i, cs in enumerate(spec.cases):
+        total += math.prod(len(v) for v in cs.sweep.values() if isinstance(v, (list, tuple)))
+        if total > max_cases:
+            raise ScenarioError(file, f"cases[{i}].sweep", f"the cases up to here expand to {total} cases, more "
+                                f"than the limit of {max_cases} per run (raise it with --max-cases)")
     cases = tuple(c for i, cs in enumerate(spec.cases) for c in _expand(spec, cs, i, file))
     seen: dict[str, int] = {}
     for case in cases:
@@ -147,6 +161,28 @@ def load(path: str | Path) -> Scenario:
             raise ScenarioError(file, "cases", f"duplicate case name {case.name!r}; names must be unique")
         seen[case.name] = 1
     return Scenario(spec.name, spec.kind, spec.description, spec.seed, file, text, cases)
+
+
+def _read(file: str) -> str:
+    p = Path(file)
+    if not p.is_file():
+        raise ScenarioError(file, "", "no such scenario file")
+    try:
+        return p.read_text(encoding="utf-8", errors="replace")
+    except OSError as exc:
+        raise ScenarioError(file, "", f"cannot read: {exc.strerror or exc}") from None
+
+
+def _parse(text: str, file: str) -> Any:
+    """YAML -> plain data; every parser-level failure is a ScenarioError with the line when known."""
+    try:
+        return yamlload.load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "somewhere"
+        raise ScenarioError(file, "", f"not valid YAML ({where}): {getattr(exc, 'problem', None) or exc}") from None
+    except (ValueError, RecursionError) as exc:   # e.g. an integer of more than 4300 digits; nesting too deep
+        raise ScenarioError(file, "", f"not valid YAML: {type(exc).__name__}: {str(exc)[:200]}") from None
 
 
 def _expand(spec: ScenarioSpec, cs: CaseSpec, index: int, file: str) -> list[Case]:
@@ -173,13 +209,26 @@ def _expand(spec: ScenarioSpec, cs: CaseSpec, index: int, file: str) -> list[Cas
                 dtype = schema.convert(Dtype, value, file, f"{path}.sweep.dtype")
             else:
                 shape[key.split(".", 1)[1]] = value
-        shape_obj = schema.build(shape_cls, shape, file, f"{path}.shape")
+        shape_obj = _build_shape(shape_cls, shape, dict(zip([k for k, _ in axes], combo)), file, path)
         suffix = ",".join(f"{k.split('.')[-1]}={v}" for (k, _), v in zip(axes, combo))
         name = f"{cs.name}[{suffix}]" if suffix else cs.name
         family = cs.family or spec.kind
         out.append(Case(spec.name, spec.kind, name, family, cs.backends, shape_obj, dtype,
-                        derive_seed(spec.seed, spec.name, name), cs.trials, cs.tolerance, cs.timing, file))
+                        derive_seed(spec.seed, spec.name, name), cs.trials, cs.tolerance, cs.timing, file,
+                        spec.case_timeout_s))
     return out
+
+
+def _build_shape(shape_cls, shape: dict, swept: dict[str, Any], file: str, path: str):
+    """A shape error caused by a swept value names the sweep axis and the value, not the base key."""
+    try:
+        return schema.build(shape_cls, shape, file, f"{path}.shape")
+    except ScenarioError as exc:
+        key = exc.path.removeprefix(f"{path}.shape.").split(".")[0].split("[")[0]
+        axis = f"shape.{key}"
+        if axis not in swept:
+            raise
+        raise ScenarioError(file, f"{path}.sweep.{axis}", f"value {swept[axis]!r}: {exc.message}") from None
 
 
 def _shape_class(kind: str, cs: CaseSpec, path: str, file: str):

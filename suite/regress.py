@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 
 from kdbench.report_tables import NOT_BASELINES
-from kdbench.results import KEY_COLUMNS, Record, atomic_write_text, load_meta, load_records
+from kdbench.results import KEY_COLUMNS, Record, atomic_write_text, load_meta, load_run_records
 
 VERDICTS = ("fail", "slower", "faster", "ambiguous", "same", "skipped", "missing", "new")
 CLOCK_TOLERANCE = 0.05              # sm clock medians further apart than 5 % -> ambiguous
@@ -27,6 +27,7 @@ class CompareResult:
     min_effect: float = 0.05
     base_dir: str = ""
     new_dir: str = ""
+    closed: list[str] = field(default_factory=list)  # why the new run cannot pass (fail closed): exit 1
 
 
 def rankdata(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -151,10 +152,43 @@ def _run_notes(base_dir: Path, new_dir: Path) -> list[str]:
     return notes
 
 
-def compare(base_dir, new_dir, *, alpha: float = 0.002, min_effect: float = 0.05) -> CompareResult:
-    """Join two run directories on KEY_COLUMNS and give every key a verdict (see VERDICTS)."""
-    base = {r.key(): r for r in load_records(Path(base_dir))}
-    new = {r.key(): r for r in load_records(Path(new_dir))}
+def _scenario_names(meta: dict, records: list[Record]) -> set[str]:
+    listed = meta.get("scenarios")
+    if isinstance(listed, list):
+        return {str(s.get("name")) for s in listed if isinstance(s, dict)}
+    return {r.scenario for r in records}
+
+
+def fail_closed_reasons(base_dir: Path, new_dir: Path, base: list[Record], new: list[Record]) -> list[str]:
+    """Why the new run cannot be trusted to pass: missing, partial, empty, or a different scenario set. A
+    nightly whose run died early must fail, not pass with 'missing N'."""
+    if not (new_dir / "meta.json").exists() and not (new_dir / "records.jsonl").exists():
+        return [f"the new run {new_dir} does not exist or holds no run (no meta.json, no records.jsonl)"]
+    from kdbench.report import is_finished
+    meta, reasons = load_meta(new_dir), []
+    if not is_finished(meta):
+        reasons.append(f"the new run is partial (meta.json status {meta.get('status', 'missing')!r}, "
+                       "not 'finished')")
+    if not new:
+        reasons.append("the new run holds no records")
+    bs, ns = _scenario_names(load_meta(base_dir), base), _scenario_names(meta, new)
+    if bs != ns:
+        reasons.append(f"the new run ran other scenarios ({', '.join(sorted(ns)) or 'none'}) than the baseline "
+                       f"({', '.join(sorted(bs)) or 'none'})")
+    return reasons
+
+
+def compare(base_dir, new_dir, *, alpha: float = 0.002, min_effect: float = 0.05,
+            allow_partial: bool = False) -> CompareResult:
+    """Join two run directories on KEY_COLUMNS and give every key a verdict (see VERDICTS). Fails closed
+    (exit 1, reasons in `closed`) on a missing, partial, empty or mismatched new run unless allow_partial."""
+    base_dir, new_dir = Path(base_dir), Path(new_dir)
+    base_loaded, new_loaded = load_run_records(base_dir), load_run_records(new_dir)
+    base = {r.key(): r for r in base_loaded.records}
+    new = {r.key(): r for r in new_loaded.records}
+    closed = fail_closed_reasons(base_dir, new_dir, base_loaded.records, new_loaded.records)
+    torn = [f"the {label}'s records.jsonl ends in a torn line (a write cut short); it was dropped"
+            for label, loaded in (("baseline", base_loaded), ("new run", new_loaded)) if loaded.torn_last_line]
     keys = list(new) + [k for k in base if k not in new]
     rows = [_row(k, base.get(k), new.get(k), alpha, min_effect) for k in keys]
     counts = {v: 0 for v in VERDICTS}
@@ -162,9 +196,12 @@ def compare(base_dir, new_dir, *, alpha: float = 0.002, min_effect: float = 0.05
         counts[row["verdict"]] += 1
     gating = [r for r in rows
               if r["verdict"] == "fail" or (r["verdict"] == "slower" and gates(r["kind"], r["backend"]))]
-    exit_code = 1 if gating else 0
-    return CompareResult(rows, counts, exit_code, _run_notes(Path(base_dir), Path(new_dir)), alpha, min_effect,
-                         str(base_dir), str(new_dir))
+    exit_code = 1 if gating or (closed and not allow_partial) else 0
+    notes = torn + _run_notes(base_dir, new_dir) + (
+        [f"allowed by --allow-partial: {r}" for r in closed] if allow_partial
+        else [f"fails closed (exit 1): {r}" for r in closed])
+    return CompareResult(rows, counts, exit_code, notes, alpha, min_effect, str(base_dir), str(new_dir),
+                         [] if allow_partial else closed)
 
 
 def render_compare(result: CompareResult, out_html, *, base_label: str = "", new_label: str = "") -> Path:

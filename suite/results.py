@@ -11,11 +11,14 @@ import json
 import math
 import os
 import tempfile
+import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
+
+from kdbench.errors import DamagedRun
 
 KEY_COLUMNS = ("scenario", "kind", "case", "family", "backend", "dtype", "device", "link")
 STATUSES = ("pass", "fail", "error", "skipped", "info")
@@ -144,28 +147,104 @@ def to_frame(records: list[Record]) -> pd.DataFrame:
     return df
 
 
-def load_records(run_dir: Path) -> list[Record]:
-    """Records of a run, tolerating a torn last line (a run killed mid-write)."""
+@dataclass(frozen=True)
+class LoadedRecords:
+    records: list[Record]
+    torn_last_line: bool          # the last line was cut mid-write (a killed run): dropped, and said
+
+
+_HINTS = typing.get_type_hints(Record)
+_REQUIRED = ("scenario", "kind", "case", "backend")
+
+
+def _check_value(name: str, value: Any) -> str:
+    """'' when `value` may go into field `name`, else what was expected."""
+    tp = _HINTS[name]
+    if tp is float:
+        ok = value is None or (isinstance(value, (int, float)) and not isinstance(value, bool))
+    elif tp is int:
+        ok = isinstance(value, int) and not isinstance(value, bool)
+    elif tp is str:
+        ok = isinstance(value, str)
+    elif name == "samples_s":
+        ok = isinstance(value, list) and all(v is None or (isinstance(v, (int, float)) and not isinstance(v, bool))
+                                             for v in value)
+    else:   # extra
+        ok = isinstance(value, dict)
+    return "" if ok else {float: "a number or null", int: "an integer", str: "a string"}.get(
+        tp, "a list of numbers" if name == "samples_s" else "a mapping")
+
+
+def parse_record(line: str) -> Record:
+    """One records.jsonl line -> a Record; ValueError saying what was wrong."""
+    data = json.loads(line)
+    if not isinstance(data, dict):
+        raise ValueError(f"expected a JSON object, got {type(data).__name__}")
+    missing = [k for k in _REQUIRED if k not in data]
+    if missing:
+        raise ValueError(f"missing key {missing[0]!r}")
+    for k, v in data.items():
+        why = _check_value(k, v) if k in _HINTS else ""
+        if why:
+            raise ValueError(f"{k}: got {str(json.dumps(v))[:40]}, expected {why}")
+    clean = {k: (math.nan if v is None and _HINTS[k] is float else v) for k, v in data.items() if k in _HINTS}
+    if "samples_s" in clean:     # NaN samples were written as null (JSON has no NaN)
+        clean["samples_s"] = [math.nan if v is None else v for v in clean["samples_s"]]
+    return Record(**clean)
+
+
+def load_run_records(run_dir: Path) -> LoadedRecords:
+    """Every line of records.jsonl as a Record. A line that is not a valid record is a DamagedRun naming the
+    file and line, except a torn last line (no trailing newline: the write the process died in). Two records
+    with the same key are a DamagedRun too: compare would silently keep one."""
     path = Path(run_dir) / "records.jsonl"
-    out: list[Record] = []
     if not path.exists():
-        return out
-    for line in path.read_text(encoding="utf-8").splitlines():
-        try:
-            data = json.loads(line)
-        except json.JSONDecodeError:
+        return LoadedRecords([], False)
+    text = _read_text(path)
+    lines = text.split("\n")
+    torn = False
+    out: list[Record] = []
+    seen: dict[tuple, int] = {}
+    for i, line in enumerate(lines, 1):
+        if not line.strip():
             continue
-        data = {k: (math.nan if v is None and isinstance(_default(k), float) else v) for k, v in data.items()
-                if k in COLUMNS}
-        out.append(Record(**data))
-    return out
+        try:
+            rec = parse_record(line)
+        except (ValueError, TypeError, RecursionError) as exc:
+            if i == len(lines):          # no newline after it: cut mid-write
+                torn = True
+                continue
+            raise DamagedRun(f"{path}: line {i} is not a valid record ({str(exc)[:120]}); the run is damaged") from None
+        if rec.key() in seen:
+            raise DamagedRun(f"{path}: line {i} repeats the key of line {seen[rec.key()]} "
+                             f"({', '.join(map(str, rec.key()[:5]))}); the run is damaged")
+        seen[rec.key()] = i
+        out.append(rec)
+    return LoadedRecords(out, torn)
 
 
-def _default(name: str) -> Any:
-    f = next(f for f in dataclasses.fields(Record) if f.name == name)
-    return f.default if f.default is not dataclasses.MISSING else None
+def load_records(run_dir: Path) -> list[Record]:
+    """Records of a run, tolerating a torn last line (a run killed mid-write); see load_run_records."""
+    return load_run_records(run_dir).records
+
+
+def _read_text(path: Path) -> str:
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise DamagedRun(f"{path}: not UTF-8 text (byte {exc.start}); the run is damaged") from None
+    except OSError as exc:
+        raise DamagedRun(f"{path}: cannot read ({exc.strerror or exc})") from None
 
 
 def load_meta(run_dir: Path) -> dict[str, Any]:
     path = Path(run_dir) / "meta.json"
-    return json.loads(path.read_text(encoding="utf-8")) if path.exists() else {}
+    if not path.exists():
+        return {}
+    try:
+        meta = json.loads(_read_text(path))
+    except (ValueError, RecursionError) as exc:
+        raise DamagedRun(f"{path}: not valid JSON ({str(exc)[:120]}); the run is damaged") from None
+    if not isinstance(meta, dict):
+        raise DamagedRun(f"{path}: expected a JSON object, got {type(meta).__name__}; the run is damaged")
+    return meta

@@ -1,13 +1,13 @@
 """run_scenarios: validated scenarios -> cases -> kind runners -> Records in a run directory -> report.
 
-Every case is isolated: an exception becomes an `error` record and the run goes on; records are written
-as they finish, so Ctrl-C or a crash keeps every finished case and `kdbench report` can render them.
+Every case is isolated: an exception or its time limit becomes an `error` record and the run goes on;
+records are written as they finish, so a stop signal or a crash keeps every finished case and `kdbench report`
+can render them. The run directory is locked for the whole run (rundir.py).
 """
 from __future__ import annotations
 
 import datetime as _dt
 import json
-import os
 import shlex
 import sys
 import time
@@ -15,8 +15,9 @@ import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kdbench import config
+from kdbench import config, rundir
 from kdbench.errors import UserError
+from kdbench.interrupts import CaseTimeout, Interrupted, finishing, time_limit
 from kdbench.results import Record, RunWriter
 
 EXIT_OK, EXIT_FAIL, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
@@ -64,38 +65,40 @@ def resolve_device(device: str) -> tuple[str, str]:
     return device, name
 
 
-def make_run_dir(out_dir: str | None, scenarios: list[config.Scenario]) -> Path:
-    if out_dir is None:
-        stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
-        names = "+".join(s.name for s in scenarios)[:60]
-        out_dir = os.path.join("runs", f"{stamp}-{names}")
-        n = 1
-        while Path(out_dir).exists():                              # two runs started in the same second
-            n += 1
-            out_dir = os.path.join("runs", f"{stamp}-{names}-{n}")
-    path = Path(out_dir)
-    if (path / "records.jsonl").exists():
-        raise UserError(f"--out {out_dir}: already holds a run (records.jsonl); choose another directory or "
-                        "delete it first")
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-        probe = path / ".write-probe"
-        probe.write_text("ok")
-        probe.unlink()
-    except OSError as exc:
-        raise UserError(f"--out {out_dir}: cannot write there ({exc.strerror or exc})") from None
-    return path
+def make_run_dir(out_dir: str | None, scenarios: list[config.Scenario]) -> tuple[Path, rundir.RunLock]:
+    return rundir.create(out_dir, [s.name for s in scenarios])
+
+
+def load_all(paths: list[str], max_cases: int = config.MAX_CASES) -> list[config.Scenario]:
+    """Every scenario, validated, before anything runs. Keys must be unique across files: the same
+    (scenario, case) twice would collapse into one row in compare."""
+    scenarios, seen = [], {}
+    for p in paths:
+        scenario = config.load(p, max_cases=max_cases)
+        for case in scenario.cases:
+            key = (case.scenario, case.name)
+            if key in seen:
+                raise UserError(f"{p}: case {case.name!r} of scenario {case.scenario!r} is also in {seen[key]}; "
+                                "rename the scenario or the case (their rows would collide)")
+            seen[key] = p
+        scenarios.append(scenario)
+    total = sum(len(s.cases) for s in scenarios)
+    if total > max_cases:
+        raise UserError(f"{', '.join(paths)}: {total} cases in all, more than the limit of {max_cases} per run "
+                        "(raise it with --max-cases)")
+    return scenarios
 
 
 def run_scenarios(paths: list[str], out_dir: str | None = None, device: str = "auto",
-                  filter_expr: str | list[str] | None = None, progress: bool = True) -> RunOutcome:
+                  filter_expr: str | list[str] | None = None, progress: bool = True,
+                  max_cases: int = config.MAX_CASES) -> RunOutcome:
     """filter_expr: one --filter value or several (a case runs when any selects it; config.select)."""
-    scenarios = [config.load(p) for p in paths]          # validate everything before running anything
+    scenarios = load_all(paths, max_cases)
     every = [c for s in scenarios for c in s.cases]
     filters = [filter_expr] if isinstance(filter_expr, str) else filter_expr
     cases = config.select(every, filters, ", ".join(paths))
     device, device_name = resolve_device(device)
-    run_dir = make_run_dir(out_dir, scenarios)
+    run_dir, lock = make_run_dir(out_dir, scenarios)
     ctx = RunContext(device, device_name, run_dir, "kdbench run {file} --device " + device)
     writer = RunWriter(run_dir)
     meta = _meta(scenarios, device, device_name, filters)
@@ -104,14 +107,20 @@ def run_scenarios(paths: list[str], out_dir: str | None = None, device: str = "a
     try:
         _run_cases(cases, ctx, writer, progress)
         meta["status"] = "finished"
+    except Interrupted as exc:
+        meta["status"], meta["stopped_by"] = "interrupted", str(exc)
+        exit_code = exc.exit_code
     except KeyboardInterrupt:
-        meta["status"] = "interrupted"
-        exit_code = EXIT_INTERRUPTED
-        print("\ninterrupted: finished cases are kept", file=sys.stderr)
+        meta["status"], exit_code = "interrupted", EXIT_INTERRUPTED
     finally:
-        meta["finished_at"] = _dt.datetime.now().isoformat(timespec="seconds")
-        meta["n_records"] = len(writer.records)
-        writer.write_meta(meta)
+        with finishing():
+            if meta["status"] == "interrupted":
+                print(f"\ninterrupted ({meta.get('stopped_by', 'SIGINT')}): finished cases are kept",
+                      file=sys.stderr)
+            meta["finished_at"] = _dt.datetime.now().isoformat(timespec="seconds")
+            meta["n_records"] = len(writer.records)
+            writer.write_meta(meta)
+            lock.release()
     if exit_code == EXIT_OK and any(r.status in ("fail", "error") for r in writer.records):
         exit_code = EXIT_FAIL
     return RunOutcome(run_dir, exit_code, writer.records)
@@ -123,11 +132,15 @@ def _run_cases(cases: list[config.Case], ctx: RunContext, writer: RunWriter, pro
     for i, case in enumerate(cases, 1):
         if progress:
             _progress(i, len(cases), case.name, time.perf_counter() - t0)
+        done: set[str] = set()
         try:
-            for rec in run_case(case, ctx):
-                writer.add(rec)
-        except KeyboardInterrupt:
-            raise
+            with time_limit(case.timeout_s):
+                for rec in run_case(case, ctx):
+                    writer.add(rec)
+                    done.add(rec.backend)
+        except CaseTimeout as exc:
+            for backend in [b for b in case.backends if b not in done] or [""]:
+                writer.add(ctx.record(case, backend, status="error", reason=f"error: {exc}"))
         except Exception as exc:  # one case's crash must not lose the others
             writer.add(error_record(case, ctx, exc))
     if progress:

@@ -4,6 +4,7 @@ errors that name the file, the key path (e.g. `cases[2].shape.budget`), the bad 
 from __future__ import annotations
 
 import dataclasses
+import reprlib
 import types
 import typing
 from typing import Any, Literal, get_args, get_origin
@@ -11,8 +12,13 @@ from typing import Any, Literal, get_args, get_origin
 from kdbench.errors import ScenarioError
 
 
+_REPR = reprlib.Repr()
+_REPR.maxstring, _REPR.maxother, _REPR.maxlist, _REPR.maxdict, _REPR.maxlevel = 60, 60, 6, 4, 3
+
+
 def _short(value: Any) -> str:
-    text = repr(value)
+    """A bounded repr: an aliased YAML value may hold billions of shared items."""
+    text = _REPR.repr(value)
     return text if len(text) <= 60 else text[:57] + "..."
 
 

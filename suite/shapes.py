@@ -4,17 +4,20 @@ Each `validate()` returns None or (key, message); schema.build turns that into a
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, fields
 from typing import Literal
 
 MAX_BUDGET = 1024   # the engine's and the kernels' largest supported tree budget
+MAX_DIM = 2**31 - 1  # every size field: the kernels index with int32 (a 23-digit batch would never finish)
+MAX_LAYERS = 61     # model presets: the full DeepSeek-V3 / Kimi-K2 depth
 
 
 def _positive(obj, *names) -> tuple[str, str] | None:
     for name in names:
         value = getattr(obj, name)
-        if value < 1:
-            return name, f"got {value}, expected an integer >= 1"
+        if not 1 <= value <= MAX_DIM:
+            return name, f"got {value}, expected an integer in 1..{MAX_DIM}"
     return None
 
 
@@ -107,26 +110,48 @@ class GenerationShape:
     def validate(self):
         from kdbench.references.model_config import get_preset, preset_names
         try:
-            get_preset(self.model)
+            cfg = get_preset(self.model)
         except KeyError:
             return "model", f"got {self.model!r}, expected a preset: {', '.join(preset_names())}"
-        if self.temperature < 0:
-            return "temperature", f"got {self.temperature}, expected >= 0"
-        if not 0.0 <= self.quality <= 1.0:
-            return "quality", f"got {self.quality}, expected a probability in [0, 1]"
+        if cfg.n_layers > MAX_LAYERS:
+            return "model", f"got {cfg.n_layers} layers, expected at most {MAX_LAYERS} (the full model)"
+        if not 0 <= self.temperature < math.inf:
+            return "temperature", f"got {self.temperature}, expected a finite number >= 0"
+        if not 0.0 < self.quality <= 1.0:   # q = 0: the drafter never proposes the true token; cannot run
+            return "quality", f"got {self.quality}, expected a probability in (0, 1]"
         if self.max_new_tokens < 2:
             return "max_new_tokens", (f"got {self.max_new_tokens}, expected >= 2 (the first token comes from "
                                       "prefill; steps make the rest)")
-        if self.policy == "static_kary" and (not self.branching or min(self.branching) < 1):
-            return "branching", f"got {list(self.branching)}, expected a non-empty list of integers >= 1"
-        return _budget(self.budget) or _positive(self, "batch", "prompts", "prompt_len", "draft_len",
-                                                 "max_width")
+        return (_budget(self.budget) or _positive(self, "batch", "prompts", "prompt_len", "max_new_tokens",
+                                                  "draft_len", "max_width")
+                or self._fits(cfg.max_seq_len) or self._static_tree())
+
+    def _fits(self, max_seq_len: int):
+        """The KV cache holds prompt + generated tokens + one verify tree (budget + 1 rows)."""
+        need = self.prompt_len + self.max_new_tokens + self.budget + 1
+        if need > max_seq_len:
+            return "max_new_tokens", (f"prompt_len {self.prompt_len} + max_new_tokens {self.max_new_tokens} + "
+                                      f"budget {self.budget} + 1 = {need} exceeds {self.model}'s max_seq_len "
+                                      f"{max_seq_len}")
+        return None
+
+    def _static_tree(self):
+        if self.policy != "static_kary":
+            return None
+        if not self.branching or min(self.branching) < 1 or max(self.branching) > MAX_BUDGET:
+            return "branching", f"got {list(self.branching)}, expected a non-empty list of integers >= 1 (each at most {MAX_BUDGET})"
+        if len(self.branching) > self.draft_len:
+            return "branching", f"{len(self.branching)} levels, deeper than the drafter (draft_len {self.draft_len})"
+        nodes = sum(math.prod(self.branching[:d]) for d in range(1, len(self.branching) + 1))
+        if nodes > MAX_BUDGET:
+            return "branching", f"{list(self.branching)} makes a {nodes}-node tree, above the limit {MAX_BUDGET}"
+        return None
 
 
 def _nonneg(obj, *names):
     for name in names:
-        if getattr(obj, name) < 0:
-            return name, f"got {getattr(obj, name)}, expected an integer >= 0"
+        if not 0 <= getattr(obj, name) <= MAX_DIM:
+            return name, f"got {getattr(obj, name)}, expected an integer in 0..{MAX_DIM}"
     return None
 
 

@@ -1,6 +1,7 @@
 """Scenario schema: expansion, seeds, filters, and one clear error per kind of bad input."""
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
@@ -21,11 +22,24 @@ EXPECTED = {
     "duplicate_case.yaml": ("cases", "duplicate case name 'a'"),
     "negative_budget.yaml": ("cases[0].shape.budget", "got -3, expected a tree budget in 0..1024"),
     "unknown_backend.yaml": ("cases[0].backends[1]", "got 'triton', expected one of numpy_ref, torch, cpu_heap, cuda"),
-    "bad_tolerance.yaml": ("cases[0].tolerance.rtol", "got -0.1, expected a number >= 0"),
+    "bad_tolerance.yaml": ("cases[0].tolerance.rtol", "got -0.1, expected a finite number >= 0"),
     "unknown_family.yaml": ("cases[0].family", "expected a kernel family: tree_build"),
-    "sweep_out_of_range.yaml": ("cases[0].shape.budget", "got 2000, expected a tree budget"),
+    "sweep_out_of_range.yaml": ("cases[0].sweep.shape.budget", "value 2000: got 2000, expected a tree budget"),
     "not_a_mapping.yaml": ("not_a_mapping.yaml", "expected a mapping with keys name, kind, cases"),
     "no_cases.yaml": ("cases", "expected at least one case"),
+    # issue 14: values that cannot run, parser-level errors and unbounded input, all refused at load time
+    "duplicate_yaml_key.yaml": ("line 7", "duplicate key 'shape'"),
+    "int_too_long.yaml": ("int_too_long.yaml", "not valid YAML: ValueError: Exceeds the limit"),
+    "infinite_tolerance.yaml": ("cases[0].tolerance.rtol", "got inf, expected a finite number >= 0"),
+    "huge_batch.yaml": ("cases[0].shape.batch", "expected an integer in 1..2147483647"),
+    "backend_twice.yaml": ("cases[0].backends", "'torch' is listed twice"),
+    "bad_timeout.yaml": ("case_timeout_s", "got 0.0, expected seconds in (0, 86400]"),
+    "infinite_temperature.yaml": ("cases[0].shape.temperature", "got inf, expected a finite number >= 0"),
+    "generation_too_long.yaml": ("cases[0].shape.max_new_tokens", "= 1165 exceeds tiny's max_seq_len 1024"),
+    "static_kary_too_big.yaml": ("cases[0].shape.branching", "4680-node tree, above the limit 1024"),
+    "quality_zero.yaml": ("cases[0].shape.quality", "got 0.0, expected a probability in (0, 1]"),
+    "huge_sweep.yaml": ("cases[0].sweep", "expand to 1000000000 cases, more than the limit of 5000"),
+    "alias_bomb.yaml": ("alias_bomb.yaml", "expands to more than 200000 nodes through aliases"),
 }
 
 
@@ -37,6 +51,29 @@ def test_bad_scenario_names_file_path_and_expectation(name):
     message = str(err.value)
     assert str(BAD / name) in message and path in message and fragment in message, message
     assert "\n" not in message
+
+
+@pytest.mark.parametrize("name", ["alias_bomb.yaml", "huge_sweep.yaml", "huge_batch.yaml"])
+def test_unbounded_input_is_refused_within_a_second(name):
+    t0 = time.perf_counter()
+    with pytest.raises(ScenarioError):
+        config.load(BAD / name)
+    assert time.perf_counter() - t0 < 1.0
+
+
+def test_max_cases_is_a_parameter(tmp_path):
+    path = _write(tmp_path, "name: s\nkind: kernel\ncases:\n  - name: a\n    family: kv_compact\n"
+                            "    shape: {batch: 1, budget: 2, past_len: 3}\n    sweep: {shape.batch: [1, 2, 3]}\n")
+    assert len(config.load(path, max_cases=3).cases) == 3
+    with pytest.raises(ScenarioError, match="expand to 3 cases, more than the limit of 2"):
+        config.load(path, max_cases=2)
+
+
+def test_merge_keys_may_override_but_plain_duplicates_may_not(tmp_path):
+    base = ("name: s\nkind: kernel\nbase: &b {batch: 1, budget: 2, past_len: 3}\ncases:\n  - name: a\n"
+            "    family: kv_compact\n    shape: {<<: *b, batch: 2}\n")
+    with pytest.raises(ScenarioError, match="base: unknown key"):   # parsed fine; only the extra key is wrong
+        config.load(_write(tmp_path, base))
 
 
 def test_every_bad_file_is_covered():
