@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 
+from kdbench.errors import DamagedRun
 from kdbench.report_tables import NOT_BASELINES
 from kdbench.results import KEY_COLUMNS, Record, atomic_write_text, load_meta, load_run_records
 
@@ -152,11 +153,14 @@ def _run_notes(base_dir: Path, new_dir: Path) -> list[str]:
     return notes
 
 
-def _scenario_names(meta: dict, records: list[Record]) -> set[str]:
+def _scenario_names(run_dir: Path, meta: dict, records: list[Record]) -> set[str]:
     listed = meta.get("scenarios")
-    if isinstance(listed, list):
-        return {str(s.get("name")) for s in listed if isinstance(s, dict)}
-    return {r.scenario for r in records}
+    if listed is None:
+        return {r.scenario for r in records}
+    if not isinstance(listed, list) or not all(isinstance(s, dict) for s in listed):
+        raise DamagedRun(f"{run_dir / 'meta.json'}: scenarios: got {type(listed).__name__}, expected a list of "
+                         "mappings; the run is damaged")
+    return {str(s.get("name")) for s in listed}
 
 
 def fail_closed_reasons(base_dir: Path, new_dir: Path, base: list[Record], new: list[Record]) -> list[str]:
@@ -171,7 +175,7 @@ def fail_closed_reasons(base_dir: Path, new_dir: Path, base: list[Record], new: 
                        "not 'finished')")
     if not new:
         reasons.append("the new run holds no records")
-    bs, ns = _scenario_names(load_meta(base_dir), base), _scenario_names(meta, new)
+    bs, ns = _scenario_names(base_dir, load_meta(base_dir), base), _scenario_names(new_dir, meta, new)
     if bs != ns:
         reasons.append(f"the new run ran other scenarios ({', '.join(sorted(ns)) or 'none'}) than the baseline "
                        f"({', '.join(sorted(bs)) or 'none'})")

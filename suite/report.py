@@ -14,6 +14,7 @@ import jinja2
 from kdbench import plots
 from kdbench import report_tables as tables
 from kdbench.report_tables import missing as _missing, ratio as _ratio, shape_of as _shape
+from kdbench.errors import DamagedRun
 from kdbench.results import Record, atomic_write_text, load_meta, load_records
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
@@ -342,11 +343,21 @@ def context(run_dir: Path, records: list[Record], meta: dict[str, Any]) -> dict[
         "skipped": tables.skipped_groups(records),
         "headlines": headlines(records, best),
         "sections": sections(records, best),
-        "env_rows": env_rows(meta.get("fingerprint") or {}),
+        "env_rows": env_rows(_meta_field(run_dir, meta, "fingerprint", dict)),
         "ceilings": tables.ceiling_rows(records),
         "telemetry": tables.telemetry_rows(records),
-        "scenarios": meta.get("scenarios") or [],
+        "scenarios": [{k: str(sc.get(k, "")) for k in ("name", "kind", "file", "text")}
+                      for sc in _meta_field(run_dir, meta, "scenarios", list) if isinstance(sc, dict)],
     }
+
+
+def _meta_field(run_dir: Path, meta: dict[str, Any], key: str, kind: type):
+    """meta[key] when it has the type kdbench writes (empty when absent); else the run is damaged."""
+    value = meta.get(key) or kind()
+    if not isinstance(value, kind):
+        raise DamagedRun(f"{run_dir / 'meta.json'}: {key}: got {type(value).__name__}, expected "
+                         f"{'a mapping' if kind is dict else 'a list'}; the run is damaged")
+    return value
 
 
 def render(run_dir) -> Path:

@@ -67,9 +67,9 @@ def create(out_dir: str | None, names: list[str]) -> tuple[Path, RunLock]:
             except FileExistsError:
                 path = path.with_name(f"{default_path(names).name}-{n}")
         else:
+            if path.exists() and not path.is_dir():
+                raise UserError(f"--out {path}: exists and is not a directory")
             path.mkdir(exist_ok=True)   # --out: an existing empty directory is fine
-        if not path.is_dir():
-            raise UserError(f"--out {path}: exists and is not a directory")
         lock = RunLock(path)
     except UserError:
         raise
