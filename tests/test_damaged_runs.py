@@ -167,3 +167,16 @@ def test_list_does_not_hang_on_an_alias_bomb(tmp_path):
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0 and "Traceback" not in proc.stderr
     assert "bomb.yaml  (invalid:" in proc.stdout and "sweep.yaml  (invalid:" in proc.stdout
+
+
+@pytest.mark.parametrize("out, fragment", [("{tmp}", "Is a directory"), ("/proc/kdbench/x.html", "/proc/kdbench")])
+def test_compare_out_a_directory_or_unwritable_is_one_line_exit_2(base, tmp_path, capsys, out, fragment):
+    new = _run(tmp_path / "new", [_rec("a", 3), _rec("b", 4)])
+    assert cli.main(["compare", str(base), str(new), "--out", out.format(tmp=tmp_path)]) == 2
+    assert _one_line_error(capsys, 2, fragment).count("\n") == 1
+
+
+def test_report_html_a_directory_is_one_line_exit_2(base, capsys):
+    (base / "report.html").mkdir()
+    assert cli.main(["report", str(base)]) == 2
+    assert _one_line_error(capsys, 2, "report.html").count("\n") == 1
