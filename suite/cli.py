@@ -171,7 +171,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    interrupts.install()           # SIGTERM and SIGHUP behave like Ctrl-C from here on
+    previous = interrupts.install()   # SIGTERM and SIGHUP behave like Ctrl-C from here on
     try:
         args = build_parser().parse_args(argv)
         return args.func(args)
@@ -183,9 +183,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"kdbench: error: {where}{exc.strerror or exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt as exc:   # outside the case loop (imports, report rendering): nothing half-written
-        print(f"\nkdbench: interrupted ({exc if isinstance(exc, interrupts.Interrupted) else 'SIGINT'})",
-              file=sys.stderr)
-        return getattr(exc, "exit_code", 130)
+        with interrupts.finishing():
+            print(f"\nkdbench: interrupted ({exc if isinstance(exc, interrupts.Interrupted) else 'SIGINT'})",
+                  file=sys.stderr)
+            return getattr(exc, "exit_code", 130)
+    finally:
+        interrupts.restore(previous)
 
 
 if __name__ == "__main__":

@@ -9,7 +9,7 @@ import sys
 import threading
 
 STOP_SIGNALS = tuple(getattr(signal, n) for n in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, n))
-_state = {"finishing": False, "installed": False}
+_state = {"finishing": False}
 
 
 class Interrupted(KeyboardInterrupt):
@@ -40,13 +40,17 @@ def _on_signal(signum, frame):
     raise Interrupted(signum)
 
 
-def install() -> None:
-    """Route every stop signal through Interrupted (main thread only; a no-op elsewhere)."""
+def install() -> dict:
+    """Route every stop signal through Interrupted (main thread only; a no-op elsewhere). Returns the
+    previous handlers for restore()."""
     if threading.current_thread() is not threading.main_thread():
-        return
-    for sig in STOP_SIGNALS:
-        signal.signal(sig, _on_signal)
-    _state["installed"] = True
+        return {}
+    return {sig: signal.signal(sig, _on_signal) for sig in STOP_SIGNALS}
+
+
+def restore(previous: dict) -> None:
+    for sig, handler in previous.items():
+        signal.signal(sig, handler)
 
 
 @contextlib.contextmanager

@@ -55,26 +55,35 @@ class RunLock:
             self.fd = -1
 
 
+def _make(out_dir: str | None, names: list[str]) -> Path:
+    """mkdir the run directory: `--out` may name an existing empty directory; a default name never is
+    reused (a second run in the same process and second gets -2, -3, ...)."""
+    if out_dir is not None:
+        path = Path(out_dir)
+        if path.exists() and not path.is_dir():
+            raise UserError(f"--out {path}: exists and is not a directory")
+        path.mkdir(parents=True, exist_ok=True)
+        return path
+    first = default_path(names)
+    first.parent.mkdir(parents=True, exist_ok=True)
+    for n in range(1, 1000):
+        path = first if n == 1 else first.with_name(f"{first.name}-{n}")
+        try:
+            path.mkdir()
+            return path
+        except FileExistsError:
+            continue
+    raise UserError(f"{first}: 999 run directories of this name already exist")
+
+
 def create(out_dir: str | None, names: list[str]) -> tuple[Path, RunLock]:
     """Make (or take an empty) run directory and lock it before anything is written into it."""
-    path = Path(out_dir) if out_dir is not None else default_path(names)
+    where = f"--out {out_dir}" if out_dir is not None else "runs/ (the default run directory root)"
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        for n in range(2, 100 if out_dir is None else 2):   # a default name is never reused
-            try:
-                path.mkdir()
-                break
-            except FileExistsError:
-                path = path.with_name(f"{default_path(names).name}-{n}")
-        else:
-            if path.exists() and not path.is_dir():
-                raise UserError(f"--out {path}: exists and is not a directory")
-            path.mkdir(exist_ok=True)   # --out: an existing empty directory is fine
+        path = _make(out_dir, names)
         lock = RunLock(path)
-    except UserError:
-        raise
     except OSError as exc:
-        raise UserError(f"--out {path}: cannot write there ({exc.strerror or exc})") from None
+        raise UserError(f"{where}: cannot write there ({exc.strerror or exc})") from None
     held = [f for f in RUN_FILES if (path / f).exists()]
     if held:
         lock.release()

@@ -50,6 +50,15 @@ def _lines(path: Path) -> int:
     return len(path.read_text().splitlines()) if path.exists() else 0
 
 
+def _slow_run_with_a_record(tmp_path: Path, out: Path) -> subprocess.Popen:
+    """A SLOW run in a child process, returned once its first record is on disk (mid-run)."""
+    proc = _kdbench("run", _write(tmp_path, "slow.yaml", SLOW), "--device", "cpu", "--out", out)
+    deadline = time.time() + 60
+    while time.time() < deadline and not _lines(out / "records.jsonl"):
+        time.sleep(0.05)
+    return proc
+
+
 def test_two_processes_started_together_on_one_out(tmp_path):
     out = tmp_path / "shared"
     procs = {name: _kdbench("run", _write(tmp_path, f"{name}.yaml", TINY.format(name=name)), "--device", "cpu",
@@ -67,10 +76,7 @@ def test_two_processes_started_together_on_one_out(tmp_path):
 
 def test_a_second_run_on_a_running_out_is_refused_at_once(tmp_path):
     out = tmp_path / "shared"
-    first = _kdbench("run", _write(tmp_path, "slow.yaml", SLOW), "--device", "cpu", "--out", out)
-    deadline = time.time() + 60
-    while time.time() < deadline and not _lines(out / "records.jsonl"):
-        time.sleep(0.05)
+    first = _slow_run_with_a_record(tmp_path, out)
     try:
         assert cli.main(["run", str(_write(tmp_path, "b.yaml", TINY.format(name="b"))), "--device", "cpu",
                          "--out", str(out)]) == 2
@@ -122,10 +128,7 @@ def test_hostile_scenario_name_stays_inside_runs(tmp_path, monkeypatch, capsys):
 @pytest.mark.parametrize("sig, code", [(signal.SIGTERM, 143), (signal.SIGHUP, 129)])
 def test_sigterm_and_sighup_stop_like_ctrl_c(tmp_path, sig, code):
     run = tmp_path / "r"
-    proc = _kdbench("run", _write(tmp_path, "slow.yaml", SLOW), "--device", "cpu", "--out", run)
-    deadline = time.time() + 60
-    while time.time() < deadline and not _lines(run / "records.jsonl"):
-        time.sleep(0.05)
+    proc = _slow_run_with_a_record(tmp_path, run)
     proc.send_signal(sig)
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == code, err
@@ -138,10 +141,7 @@ def test_sigterm_and_sighup_stop_like_ctrl_c(tmp_path, sig, code):
 
 def test_second_ctrl_c_still_leaves_a_valid_run(tmp_path):
     run = tmp_path / "r"
-    proc = _kdbench("run", _write(tmp_path, "slow.yaml", SLOW), "--device", "cpu", "--out", run)
-    deadline = time.time() + 60
-    while time.time() < deadline and not _lines(run / "records.jsonl"):
-        time.sleep(0.05)
+    proc = _slow_run_with_a_record(tmp_path, run)
     for _ in range(3):
         proc.send_signal(signal.SIGINT)
         time.sleep(0.02)
