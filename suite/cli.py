@@ -20,8 +20,14 @@ def _run(args) -> int:
     with interrupts.finishing():    # the run is saved; a late signal must not lose its report
         path = report.render(outcome.run_dir)
     _summary(outcome.records)
-    print(f"report: {path}")
+    _print_path("report", path)
     return outcome.exit_code
+
+
+def _print_path(label: str, path) -> None:
+    """`label: path` on one line, whatever the path holds (tools read this line)."""
+    text = str(path)
+    print(f"{label}: {text if text.isprintable() else ascii(text)}")
 
 
 def _summary(records) -> None:
@@ -37,7 +43,7 @@ def _summary(records) -> None:
 def _report(args) -> int:
     from kdbench import report
     run_dir = _run_dir(args.run_dir)
-    print(f"report: {report.render(run_dir)}")
+    _print_path("report", report.render(run_dir))
     return 0
 
 
@@ -69,7 +75,7 @@ def _compare(args) -> int:
     out = Path(args.out) if args.out else new / "compare.html"
     path = regress.render_compare(result, out)
     print("verdicts: " + ", ".join(f"{k} {v}" for k, v in sorted(result.verdict_counts.items())))
-    print(f"report: {path}")
+    _print_path("report", path)
     return result.exit_code
 
 
