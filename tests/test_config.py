@@ -40,6 +40,7 @@ EXPECTED = {
     "quality_zero.yaml": ("cases[0].shape.quality", "got 0.0, expected a probability in (0, 1]"),
     "huge_sweep.yaml": ("cases[0].sweep", "expand to 1000000000 cases, more than the limit of 5000"),
     "alias_bomb.yaml": ("alias_bomb.yaml", "expands to more than 200000 nodes through aliases"),
+    "merge_bomb.yaml": ("merge_bomb.yaml", "expands to more than 200000 nodes through aliases/merge keys"),
 }
 
 
@@ -53,7 +54,7 @@ def test_bad_scenario_names_file_path_and_expectation(name):
     assert "\n" not in message
 
 
-@pytest.mark.parametrize("name", ["alias_bomb.yaml", "huge_sweep.yaml", "huge_batch.yaml"])
+@pytest.mark.parametrize("name", ["alias_bomb.yaml", "merge_bomb.yaml", "huge_sweep.yaml", "huge_batch.yaml"])
 def test_unbounded_input_is_refused_within_a_second(name):
     t0 = time.perf_counter()
     with pytest.raises(ScenarioError):
@@ -69,7 +70,7 @@ def test_max_cases_is_a_parameter(tmp_path):
         config.load(path, max_cases=2)
 
 
-def test_merge_keys_may_override_but_plain_duplicates_may_not(tmp_path):
+def test_a_merged_key_may_be_overridden(tmp_path):
     base = ("name: s\nkind: kernel\nbase: &b {batch: 1, budget: 2, past_len: 3}\ncases:\n  - name: a\n"
             "    family: kv_compact\n    shape: {<<: *b, batch: 2}\n")
     with pytest.raises(ScenarioError, match="base: unknown key"):   # parsed fine; only the extra key is wrong
