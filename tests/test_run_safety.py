@@ -50,6 +50,16 @@ def _lines(path: Path) -> int:
     return len(path.read_text().splitlines()) if path.exists() else 0
 
 
+def _catches(pid: int, sig: int) -> bool:
+    """Whether process `pid` has a handler for `sig` (the SigCgt mask in /proc/PID/status)."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return False
+    mask = next(int(line.split()[1], 16) for line in status.splitlines() if line.startswith("SigCgt:"))
+    return bool(mask >> (sig - 1) & 1)
+
+
 def _slow_run_with_a_record(tmp_path: Path, out: Path) -> subprocess.Popen:
     """A SLOW run in a child process, returned once its first record is on disk (mid-run)."""
     proc = _kdbench("run", _write(tmp_path, "slow.yaml", SLOW), "--device", "cpu", "--out", out)
@@ -153,7 +163,9 @@ def test_second_ctrl_c_still_leaves_a_valid_run(tmp_path):
 
 def test_ctrl_c_during_imports_exits_130_without_traceback(tmp_path):
     proc = _kdbench("run", _write(tmp_path, "slow.yaml", SLOW), "--device", "cpu", "--out", tmp_path / "r")
-    time.sleep(0.6)          # inside main (argparse done), before or while torch imports
+    deadline = time.time() + 1.0     # main's torch import takes seconds: the signal lands inside it
+    while time.time() < deadline and not _catches(proc.pid, signal.SIGTERM):
+        time.sleep(0.005)    # until main() has installed its handlers (at most 1 s)
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 130 and "Traceback" not in err, err
