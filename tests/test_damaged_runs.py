@@ -37,7 +37,7 @@ def base(tmp_path) -> Path:
     return _run(tmp_path / "base", [_rec("a", 1), _rec("b", 2)])
 
 
-def _one_line_error(capsys, code: int, *fragments: str) -> str:
+def _one_line_error(capsys, *fragments: str) -> str:
     err = capsys.readouterr().err
     assert "Traceback" not in err, err
     for fragment in fragments:
@@ -62,7 +62,7 @@ def test_a_good_new_run_passes(base, tmp_path, capsys):
 def test_compare_fails_closed_on_a_dead_new_run(base, tmp_path, capsys, make, fragment):
     new = make(tmp_path / "new")
     assert cli.main(["compare", str(base), str(new)]) == 1
-    err = _one_line_error(capsys, 1, "FAIL (closed)", fragment)
+    err = _one_line_error(capsys, "FAIL (closed)", fragment)
     assert err.count("FAIL (closed)") >= 1
 
 
@@ -97,7 +97,7 @@ def test_a_damaged_records_file_is_one_line_exit_2(base, tmp_path, capsys, damag
         path.write_text(text)
     argv = ["compare", str(base), str(new)] if command == "compare" else ["report", str(new)]
     assert cli.main(argv) == 2
-    err = _one_line_error(capsys, 2, str(path), fragment)
+    err = _one_line_error(capsys, str(path), fragment)
     assert err.count("\n") == 1, err
 
 
@@ -125,21 +125,21 @@ def test_a_damaged_run_directory_is_one_line_exit_2(base, tmp_path, capsys, dama
     damage(new)
     argv = ["compare", str(base), str(new)] if command == "compare" else ["report", str(new)]
     assert cli.main(argv) == 2
-    assert _one_line_error(capsys, 2, fragment).count("\n") == 1
+    assert _one_line_error(capsys, fragment).count("\n") == 1
 
 
 def test_out_naming_a_file_is_one_line_exit_2(tmp_path, capsys):
     (tmp_path / "file").write_text("x")
     smoke = Path(__file__).parents[1] / "scenarios" / "smoke.yaml"
     assert cli.main(["run", str(smoke), "--device", "cpu", "--out", str(tmp_path / "file")]) == 2
-    _one_line_error(capsys, 2, "exists and is not a directory")
+    _one_line_error(capsys, "exists and is not a directory")
     assert cli.main(["run", str(smoke), "--device", "cpu", "--out", str(tmp_path / "file" / "sub")]) == 2
-    _one_line_error(capsys, 2, "cannot write there")
+    _one_line_error(capsys, "cannot write there")
 
 
 def test_an_io_error_reading_a_scenario_is_one_line_exit_2(capsys):
     assert cli.main(["run", "/proc/self/mem"]) == 2       # a regular file whose read fails with EIO
-    _one_line_error(capsys, 2, "/proc/self/mem: cannot read")
+    _one_line_error(capsys, "/proc/self/mem: cannot read")
 
 
 def test_the_same_case_twice_in_one_run_is_refused(tmp_path, capsys):
@@ -147,7 +147,7 @@ def test_the_same_case_twice_in_one_run_is_refused(tmp_path, capsys):
     copy = tmp_path / "copy.yaml"
     copy.write_text(smoke.read_text())
     assert cli.main(["run", str(smoke), str(copy), "--device", "cpu", "--out", str(tmp_path / "r")]) == 2
-    _one_line_error(capsys, 2, "of scenario 'smoke' is also in", "rows would collide")
+    _one_line_error(capsys, "of scenario 'smoke' is also in", "rows would collide")
     assert not (tmp_path / "r").exists()
 
 
@@ -155,9 +155,9 @@ def test_max_cases_flag_and_a_huge_sweep_refused_fast(tmp_path, capsys):
     t0 = time.perf_counter()
     assert cli.main(["run", str(BAD / "huge_sweep.yaml"), "--device", "cpu"]) == 2
     assert time.perf_counter() - t0 < 1.0
-    _one_line_error(capsys, 2, "more than the limit of 5000", "--max-cases")
+    _one_line_error(capsys, "more than the limit of 5000", "--max-cases")
     assert cli.main(["run", str(BAD / "huge_sweep.yaml"), "--max-cases", "0"]) == 2
-    _one_line_error(capsys, 2, "--max-cases: got 0")
+    _one_line_error(capsys, "--max-cases: got 0")
 
 
 def test_list_does_not_hang_on_an_alias_bomb(tmp_path):
@@ -173,10 +173,10 @@ def test_list_does_not_hang_on_an_alias_bomb(tmp_path):
 def test_compare_out_a_directory_or_unwritable_is_one_line_exit_2(base, tmp_path, capsys, out, fragment):
     new = _run(tmp_path / "new", [_rec("a", 3), _rec("b", 4)])
     assert cli.main(["compare", str(base), str(new), "--out", out.format(tmp=tmp_path)]) == 2
-    assert _one_line_error(capsys, 2, fragment).count("\n") == 1
+    assert _one_line_error(capsys, fragment).count("\n") == 1
 
 
 def test_report_html_a_directory_is_one_line_exit_2(base, capsys):
     (base / "report.html").mkdir()
     assert cli.main(["report", str(base)]) == 2
-    assert _one_line_error(capsys, 2, "report.html").count("\n") == 1
+    assert _one_line_error(capsys, "report.html").count("\n") == 1
