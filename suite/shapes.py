@@ -106,6 +106,7 @@ class GenerationShape:
     branching: tuple[int, ...] = (4, 2, 1)  # static_kary: children per node at each depth
     category: Literal["random", "repetitive"] = "random"
     dtype: Literal["auto", "float32", "bfloat16", "float64"] = "auto"   # auto: bf16 on GPU, f64 tiny on CPU
+    batch_invariant: bool = False    # batch-invariant target (plans/0010): greedy spec == AR bit for bit, any dtype
 
     def validate(self):
         from kdbench.references.model_config import get_preset, preset_names

@@ -38,12 +38,12 @@ def target(case, ctx):
     """The random target of the case's preset, built once per run (the engine picks the attention backend
     per call, so torch and cuda cases share it). Older targets are dropped: one real-width model at a time."""
     s = case.shape
-    key = ("target", s.model, ctx.device, s.dtype)
+    key = ("target", s.model, ctx.device, s.dtype, s.batch_invariant)
     if key not in ctx.cache:
         for old in [k for k in ctx.cache if isinstance(k, tuple) and k[0] in ("target", "ar")]:
             del ctx.cache[old]
         ctx.cache[key] = target_from_preset(s.model, derive_seed(case.scenario, s.model), device=ctx.device,
-                                            dtype=model_dtype(ctx.device, s))
+                                            dtype=model_dtype(ctx.device, s), batch_invariant=s.batch_invariant)
     return ctx.cache[key]
 
 
@@ -64,7 +64,7 @@ def prompts(case, vocab: int) -> list[list[int]]:
 
 def ar_baseline(case, ctx, model, backend: str, batch_prompts) -> GenerateResult:
     s = case.shape
-    key = ("ar", s.model, backend, s.category, s.prompt_len, s.prompts, s.max_new_tokens, s.batch, s.temperature,
+    key = ("ar", s.model, s.batch_invariant, backend, s.category, s.prompt_len, s.prompts, s.max_new_tokens, s.batch, s.temperature,
            case.seed if s.temperature > 0 else None)   # sampled AR runs depend on the seed
     if key not in ctx.cache:
         ctx.cache[key] = run_batched(model, None, batch_prompts, s, Policy(kind="ar"), backend, case.seed)
@@ -138,7 +138,8 @@ def losslessness(model, all_prompts, ar, spec) -> tuple[str, bool]:
     """(verdict text, is_bug). A divergence is classified by the AR logit gap between AR's token and the
     speculative one at that position, recomputed by one prefill of prompt + AR tokens: below NEAR_TIE_LOGIT
     it is a near-tie that rounding in different kernels / GEMM shapes can flip (not a bug); the threshold
-    depends on the model dtype (NEAR_TIE_LOGIT), 0 for float64."""
+    depends on the model dtype (NEAR_TIE_LOGIT), 0 for float64. A batch-invariant target has no excuse in
+    any dtype: AR and verify compute every row bit for bit alike, so any divergence is a MISMATCH."""
     where = first_divergence(ar, spec)
     if where is None:
         return "yes", False
@@ -146,7 +147,8 @@ def losslessness(model, all_prompts, ar, spec) -> tuple[str, bool]:
     ar_tok = [t for r in ar for t in r.tokens][i]
     sp_tok = [t for r in spec for t in r.tokens][i]
     gap = logit_gap(model, all_prompts[i] + ar_tok[:pos], ar_tok[pos], sp_tok[pos])
-    kind = "near-tie" if abs(gap) < NEAR_TIE_LOGIT.get(model.dtype, 0.0) else "MISMATCH"
+    excuse = 0.0 if getattr(model, "batch_invariant", False) else NEAR_TIE_LOGIT.get(model.dtype, 0.0)
+    kind = "near-tie" if abs(gap) < excuse else "MISMATCH"
     return f"no: {kind} (prompt {i}, position {pos}, AR logit gap {gap:.4g})", kind == "MISMATCH"
 
 
@@ -169,4 +171,6 @@ def next_logits(model, prefix: list[int]) -> torch.Tensor:
 
 def base_record(case, ctx, backend: str) -> Record:
     dtype = str(model_dtype(ctx.device, case.shape)).replace("torch.", "")
-    return ctx.record(case, backend, dtype=dtype)
+    rec = ctx.record(case, backend, dtype=dtype)
+    rec.extra["batch_invariant"] = bool(case.shape.batch_invariant)
+    return rec

@@ -4,12 +4,14 @@ Math and names follow references/mla.py (the float64 truth) and shared/notes/mla
 """
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Callable, NamedTuple
 
 import torch
 
 from kdbench.references.mla import yarn_inv_freq as _np_yarn_inv_freq
 from kdbench.references.model_config import ModelConfig
+
+from . import invariant
 
 HALF = (torch.float16, torch.bfloat16)
 
@@ -47,6 +49,16 @@ def rope_interleaved(x: torch.Tensor, positions: torch.Tensor, freqs: torch.Tens
     return out.flatten(-2).to(x.dtype)
 
 
+class LinearOps(NamedTuple):
+    """The GEMM and norm a projection uses: cuBLAS / torch reductions, or their batch-invariant forms."""
+    linear: Callable     # (x [..., K], w [N, K]) -> [..., N]
+    rms_norm: Callable   # (x, w, eps) -> x's shape and dtype
+
+
+DEFAULT_OPS = LinearOps(lambda x, w: x @ w.T, rms_norm)
+INVARIANT_OPS = LinearOps(invariant.linear, invariant.rms_norm)
+
+
 class Projected(NamedTuple):
     q_nope: torch.Tensor  # [B, T, H, dn]
     q_pe: torch.Tensor    # [B, T, H, dr] rotated
@@ -54,17 +66,17 @@ class Projected(NamedTuple):
 
 
 def mla_project(w: dict, cfg: ModelConfig, layer: int, h: torch.Tensor, positions: torch.Tensor,
-                freqs: torch.Tensor) -> Projected:
+                freqs: torch.Tensor, ops: LinearOps = DEFAULT_OPS) -> Projected:
     """h [B, T, d] (attn-normed) -> queries and the new cache rows."""
     p = f"layers.{layer}."
     B, T, _ = h.shape
     if cfg.q_lora_rank > 0:
-        q = rms_norm(h @ w[p + "wq_a"].T, w[p + "q_norm"], cfg.rms_eps) @ w[p + "wq_b"].T
+        q = ops.linear(ops.rms_norm(ops.linear(h, w[p + "wq_a"]), w[p + "q_norm"], cfg.rms_eps), w[p + "wq_b"])
     else:
-        q = h @ w[p + "wq"].T
+        q = ops.linear(h, w[p + "wq"])
     q = q.view(B, T, cfg.n_heads, cfg.qk_head_dim)  # [B, T, H, dn + dr]
-    kv = h @ w[p + "wkv_a"].T  # [B, T, dc + dr]
-    c_kv = rms_norm(kv[..., :cfg.kv_lora_rank], w[p + "kv_norm"], cfg.rms_eps)  # norm on the latent only
+    kv = ops.linear(h, w[p + "wkv_a"])  # [B, T, dc + dr]
+    c_kv = ops.rms_norm(kv[..., :cfg.kv_lora_rank], w[p + "kv_norm"], cfg.rms_eps)  # norm on the latent only
     k_pe = rope_interleaved(kv[..., cfg.kv_lora_rank:], positions, freqs)
     return Projected(q[..., :cfg.qk_nope_dim], rope_interleaved(q[..., cfg.qk_nope_dim:], positions, freqs),
                      torch.cat((c_kv, k_pe), dim=-1))

@@ -9,6 +9,8 @@ import torch.nn.functional as F
 
 from kdbench.references.model_config import ModelConfig
 
+from . import invariant
+
 DISPATCH_MODES = ("auto", "grouped", "loop")
 _GROUPED_OK: dict[tuple[str, torch.dtype], bool] = {}  # (device type, dtype) -> torch._grouped_mm works
 
@@ -26,14 +28,16 @@ def _stable_topk(scores: torch.Tensor, k: int) -> torch.Tensor:
     return torch.sort(scores, dim=-1, descending=True, stable=True).indices[:, :k]
 
 
-def route(x: torch.Tensor, w_gate: torch.Tensor, bias: torch.Tensor, cfg: ModelConfig
+def route(x: torch.Tensor, w_gate: torch.Tensor, bias: torch.Tensor, cfg: ModelConfig, invariant_mode: bool = False
           ) -> tuple[torch.Tensor, torch.Tensor]:
     """x [N, d] -> (idx [N, k] int64 in selection order, weights [N, k] float32, float64 for float64 x).
 
     Selection on sigmoid + bias, group-limited (group score = sum of its top-2 biased scores, other groups
     -inf); weights are the unbiased scores, normalized if norm_topk_prob, times routed_scaling.
+    invariant_mode: batch-invariant gate GEMM and a left-to-right sum over the top-k (sorts and elementwise
+    ops are row-independent already).
     """
-    s = torch.sigmoid(gate_logits(x, w_gate))           # [N, E]
+    s = torch.sigmoid((invariant.gate_logits if invariant_mode else gate_logits)(x, w_gate))   # [N, E]
     biased = s + bias.to(s.dtype)
     if cfg.n_group > 1:
         n, e = biased.shape
@@ -46,7 +50,8 @@ def route(x: torch.Tensor, w_gate: torch.Tensor, bias: torch.Tensor, cfg: ModelC
     idx = _stable_topk(biased, cfg.n_experts_per_tok)          # [N, k]
     weights = torch.gather(s, 1, idx)
     if cfg.norm_topk_prob:
-        weights = weights / weights.sum(dim=-1, keepdim=True)
+        total = invariant.ordered_sum(weights)[:, None] if invariant_mode else weights.sum(dim=-1, keepdim=True)
+        weights = weights / total
     return idx, weights * cfg.routed_scaling
 
 
@@ -97,17 +102,24 @@ def _grouped_available(x: torch.Tensor, w1: torch.Tensor) -> bool:
     return _GROUPED_OK[key]
 
 
-def moe_forward(w: dict, cfg: ModelConfig, layer: int, x: torch.Tensor, dispatch: str = "auto") -> torch.Tensor:
+def moe_forward(w: dict, cfg: ModelConfig, layer: int, x: torch.Tensor, dispatch: str = "auto",
+                invariant_mode: bool = False) -> torch.Tensor:
     """x [N, d] (ffn-normed) -> routed experts + shared expert, [N, d].
 
     dispatch: "grouped" (torch._grouped_mm; CUDA bf16 or CPU float32), "loop", or "auto" = grouped when
-    it runs on this device/dtype, else loop (float64 on CPU always loops).
+    it runs on this device/dtype, else loop (float64 on CPU always loops). invariant_mode: the batch-invariant
+    router, expert GEMMs and deterministic combine (invariant.py); dispatch is then not used.
     """
     if dispatch not in DISPATCH_MODES:
         raise ValueError(f"dispatch must be one of {DISPATCH_MODES}, got {dispatch!r}")
     p = f"layers.{layer}."
-    idx, weights = route(x, w[p + "gate"], w[p + "gate_bias"], cfg)
+    idx, weights = route(x, w[p + "gate"], w[p + "gate_bias"], cfg, invariant_mode)
     experts = (w[p + "experts.w1"], w[p + "experts.w2"], w[p + "experts.w3"])  # [E,mi,d], [E,d,mi], [E,mi,d]
+    if invariant_mode:
+        y = invariant.experts(x, idx, weights, *experts)
+        if cfg.n_shared_experts > 0:
+            y = y + invariant.swiglu(x, w[p + "shared.w1"], w[p + "shared.w2"], w[p + "shared.w3"])
+        return y
     grouped = dispatch == "grouped" or (dispatch == "auto" and _grouped_available(x, experts[0]))
     y = (_experts_grouped if grouped else _experts_loop)(x, idx, weights, *experts)
     if cfg.n_shared_experts > 0:

@@ -14,8 +14,9 @@ import torch
 from kdbench.references.model import init_weights as _np_init_weights
 from kdbench.references.model_config import ModelConfig
 
-from .mla import (HALF, attention_absorbed, attention_cuda, attention_naive, inv_freq, mla_project, rms_norm,
-                  split_wkv_b, visible_mask, write_rows)
+from . import invariant
+from .mla import (DEFAULT_OPS, HALF, INVARIANT_OPS, attention_absorbed, attention_cuda, attention_naive, inv_freq,
+                  mla_project, split_wkv_b, visible_mask, write_rows)
 from .moe import DISPATCH_MODES, moe_forward, swiglu
 from .weights import check_weights, from_numpy, init_weights
 
@@ -48,7 +49,7 @@ class Transformer:
     """Weights (the references/model.py names) plus the static options of a forward pass."""
 
     def __init__(self, cfg: ModelConfig, weights: dict[str, torch.Tensor], *, attn: str = "torch",
-                 tap_layers: tuple[int, ...] = (), moe_dispatch: str = "auto"):
+                 tap_layers: tuple[int, ...] = (), moe_dispatch: str = "auto", batch_invariant: bool = False):
         check_weights(cfg, weights)
         if attn not in ATTN_BACKENDS:
             raise ValueError(f"attn must be one of {ATTN_BACKENDS}, got {attn!r}")
@@ -57,6 +58,10 @@ class Transformer:
         if attn == "cuda":
             check_cuda_attention(cfg)
         self.cfg, self.w, self.attn, self.moe_dispatch = cfg, weights, attn, moe_dispatch
+        # batch_invariant: every op's row output is bitwise independent of the other rows of the call, and
+        # prefill, AR decode and tree verify share one attention over logical key order (plans/0010)
+        self.batch_invariant = bool(batch_invariant)
+        self.ops = INVARIANT_OPS if self.batch_invariant else DEFAULT_OPS
         self.set_taps(tap_layers)
         self.device, self.dtype = weights["embed"].device, weights["embed"].dtype
         self.freqs = inv_freq(cfg, self.device)  # [dr/2] float64
@@ -91,7 +96,8 @@ class Transformer:
         rows (T > 1: naive attention, the prefill form; T = 1: absorbed). kv_limit: keys beyond it are
         skipped by the torch attention; it must be >= max(past_lens) + T (default: the whole cache).
         logit_rows [B]: compute logits only at that row of each request (prefill's last prompt token).
-        attn / tap_layers override the model's defaults for this call.
+        attn / tap_layers override the model's defaults for this call (batch_invariant models always use
+        the invariant attention, for every phase).
         """
         B, T = tokens.shape
         attn = attn or self.attn
@@ -102,29 +108,33 @@ class Transformer:
         naive = anc is None and T > 1
         if anc is None and not naive:
             anc = torch.ones(B, 1, 1, dtype=torch.int64, device=tokens.device)
-        visible = None if (attn == "cuda" and not naive) else visible_mask(past_lens, T, S, anc)
+        if self.batch_invariant:
+            attn, naive, anc = "invariant", False, None if naive else anc   # prefill: causal key lists
+        visible = None if attn in ("cuda", "invariant") and not naive else visible_mask(past_lens, T, S, anc)
         h = self.w["embed"][tokens]  # [B, T, d] residual stream
         taps = []
         for i in range(self.cfg.n_layers):
             p = f"layers.{i}."
-            x = rms_norm(h, self.w[p + "attn_norm"], self.cfg.rms_eps)
+            x = self.ops.rms_norm(h, self.w[p + "attn_norm"], self.cfg.rms_eps)
             h = h + self._attention(i, x, positions, cache, past_lens, visible, anc, naive, attn, S)
-            h = h + self._ffn(i, rms_norm(h, self.w[p + "ffn_norm"], self.cfg.rms_eps))
+            h = h + self._ffn(i, self.ops.rms_norm(h, self.w[p + "ffn_norm"], self.cfg.rms_eps))
             if i in tap_layers:
                 taps.append(h)
-        hidden = rms_norm(h, self.w["norm"], self.cfg.rms_eps)
+        hidden = self.ops.rms_norm(h, self.w["norm"], self.cfg.rms_eps)
         if logit_rows is not None:
             rows = logit_rows.to(torch.int64).view(B, 1, 1).expand(B, 1, hidden.shape[-1])
             hidden = torch.gather(hidden, 1, rows)  # [B, 1, d]
-        logits = hidden @ self.w["lm_head"].T
+        logits = self.ops.linear(hidden, self.w["lm_head"])
         logits = logits.float() if logits.dtype in HALF else logits
         return ForwardOut(logits, torch.cat(taps, dim=-1) if taps else None)
 
     def _attention(self, layer, x, positions, cache, past_lens, visible, anc, naive, attn, S) -> torch.Tensor:
         cfg, w = self.cfg, self.w
-        proj = mla_project(w, cfg, layer, x, positions, self.freqs)
+        proj = mla_project(w, cfg, layer, x, positions, self.freqs, self.ops)
         write_rows(cache.kv[layer], past_lens, proj.kv_row)
         w_uk, w_uv = split_wkv_b(w, cfg, layer)
+        if attn == "invariant":
+            return self._attention_invariant(layer, proj, cache.kv[layer], past_lens, anc, w_uk, w_uv)
         if naive:
             o = attention_naive(proj.q_nope, proj.q_pe, cache.kv[layer, :, :S], w_uk, w_uv, cfg, visible)
         else:
@@ -137,12 +147,22 @@ class Transformer:
             o = torch.einsum("bthc,hvc->bthv", o_lat, w_uv)            # [B, T, H, dv]
         return o.flatten(2) @ w[f"layers.{layer}.wo"].T
 
+    def _attention_invariant(self, layer, proj, kv, past_lens, anc, w_uk, w_uv) -> torch.Tensor:
+        """Absorbed MLA with invariant per-head products and the logical-order attention (invariant.py)."""
+        B, T, H, dn = proj.q_nope.shape
+        q_lat = invariant.head_matmul(proj.q_nope.reshape(B * T, H, dn), w_uk, w_is_kn=True)   # [BT, H, dc]
+        o_lat = invariant.attention(q_lat.view(B, T, H, -1), proj.q_pe, kv, past_lens, anc, self.cfg.softmax_scale)
+        o = invariant.head_matmul(o_lat.reshape(B * T, H, -1), w_uv, w_is_kn=False)           # [BT, H, dv]
+        return invariant.linear(o.reshape(B, T, -1), self.w[f"layers.{layer}.wo"])
+
     def _ffn(self, layer: int, x: torch.Tensor) -> torch.Tensor:
         B, T, d = x.shape
         if self.cfg.is_moe_layer(layer):
-            return moe_forward(self.w, self.cfg, layer, x.reshape(B * T, d), self.moe_dispatch).view(B, T, d)
+            return moe_forward(self.w, self.cfg, layer, x.reshape(B * T, d), self.moe_dispatch,
+                               self.batch_invariant).view(B, T, d)
         p = f"layers.{layer}.mlp."
-        return swiglu(x, self.w[p + "w1"], self.w[p + "w2"], self.w[p + "w3"])
+        ffn = invariant.swiglu if self.batch_invariant else swiglu
+        return ffn(x, self.w[p + "w1"], self.w[p + "w2"], self.w[p + "w3"])
 
 
 def check_cuda_attention(cfg: ModelConfig) -> None:
