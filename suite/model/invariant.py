@@ -46,6 +46,38 @@ def ordered_sum(x: torch.Tensor) -> torch.Tensor:
     return acc
 
 
+_LN2_HI, _LN2_LO = 6.93147180369123816490e-01, 1.90821492927058770002e-10   # fdlibm's split of ln 2
+_EXP_TAYLOR = [1.0 / __import__("math").factorial(i) for i in range(14, -1, -1)]  # degree 14, Horner order
+
+
+def exp(x: torch.Tensor) -> torch.Tensor:
+    """e^x. CUDA: torch.exp (one device function per element). CPU: torch's vectorized and scalar-tail paths
+    round transcendentals differently, so a value would depend on its position in the call; instead range
+    reduction + a Taylor polynomial in float64 from exactly rounded +, -, *, and 2^k by bit construction."""
+    if x.device.type == "cuda":
+        return torch.exp(x)
+    xd = x.double()
+    k = torch.round(xd / _LN2_HI).clamp(-1020, 1020)
+    r = (xd - k * _LN2_HI) - k * _LN2_LO                               # |r| <= ~0.35
+    p = torch.full_like(r, _EXP_TAYLOR[0])
+    for c in _EXP_TAYLOR[1:]:
+        p = p * r + c
+    two_k = ((k.to(torch.int64) + 1023) << 52).view(torch.float64)     # exact 2^k
+    y = torch.where(xd < -708.0, 0.0, torch.where(xd > 709.0, float("inf"), p * two_k))
+    return y.to(x.dtype)
+
+
+def sigmoid(x: torch.Tensor) -> torch.Tensor:
+    return torch.sigmoid(x) if x.device.type == "cuda" else (1.0 / (1.0 + exp(-x.double()))).to(x.dtype)
+
+
+def silu(x: torch.Tensor) -> torch.Tensor:
+    """x * sigmoid(x), computed in float32 or wider and rounded to x's dtype."""
+    if x.device.type == "cuda":
+        return torch.nn.functional.silu(x)
+    return (x.double() / (1.0 + exp(-x.double()))).to(x.dtype)
+
+
 def _dot_cpu(x: torch.Tensor, w: torch.Tensor, cd: torch.dtype) -> torch.Tensor:
     """x [M, H, K], w [H, N, K] -> [M, H, N] in cd: exact elementwise products, tree_sum over K, row chunks."""
     M, H, K = x.shape
@@ -82,7 +114,7 @@ def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
         return tk.rms_norm(x, w, eps)
     xc = x.to(_cd(x.dtype))
     ms = tree_sum(xc * xc) / x.shape[-1]
-    return (xc * torch.rsqrt(ms + eps)[..., None] * w.to(xc.dtype)).to(x.dtype)
+    return (xc * (1.0 / torch.sqrt(ms + eps))[..., None] * w.to(xc.dtype)).to(x.dtype)   # sqrt, / exactly rounded
 
 
 def gate_logits(x: torch.Tensor, w_gate: torch.Tensor) -> torch.Tensor:
@@ -98,7 +130,7 @@ def gate_logits(x: torch.Tensor, w_gate: torch.Tensor) -> torch.Tensor:
 
 def swiglu(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, w3: torch.Tensor) -> torch.Tensor:
     """W2 (silu(W1 x) * W3 x) with invariant GEMMs; the elementwise middle is invariant as it is."""
-    return linear(torch.nn.functional.silu(linear(x, w1)) * linear(x, w3), w2)
+    return linear(silu(linear(x, w1)) * linear(x, w3), w2)
 
 
 def experts(x: torch.Tensor, idx: torch.Tensor, weights: torch.Tensor, w1, w2, w3) -> torch.Tensor:
@@ -177,7 +209,7 @@ def _attention_cpu(q, kv, kl: KeyLists, scale: float, dc: int) -> torch.Tensor:
         k_i, v_i = keys[i:i + step], keys[i:i + step, :, :dc]
         s = tree_sum(q[i:i + step].to(cd)[:, :, None, :] * k_i[:, None]) * scale    # [r, H, L]
         s = s.masked_fill(~valid[i:i + step, None, :], float("-inf"))
-        p = torch.exp(s - s.amax(-1, keepdim=True))
+        p = exp(s - s.amax(-1, keepdim=True))
         num = tree_sum((p[:, :, :, None] * v_i[:, None]).transpose(-1, -2))           # [r, H, dc]
         out.append(num / tree_sum(p)[..., None])
     return torch.cat(out, dim=0) if out else q.new_zeros((0, H, dc), dtype=cd)

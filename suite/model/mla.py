@@ -40,23 +40,46 @@ def rope_interleaved(x: torch.Tensor, positions: torch.Tensor, freqs: torch.Tens
     131K positions); the rotation runs in compute_dtype.
     """
     angle = positions.to(torch.float64)[..., None] * freqs  # [B, T, dr/2] radians
-    angle = angle.reshape(angle.shape[:2] + (1,) * (x.dim() - 3) + angle.shape[-1:])
+    return _rotate(x, torch.cos(angle), torch.sin(angle))
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x [B, T, ..., dr]; cos / sin [B, T, dr/2] float64 -> the rotated pairs in x's dtype."""
+    shape = cos.shape[:2] + (1,) * (x.dim() - 3) + cos.shape[-1:]
     cd = compute_dtype(x.dtype)
-    cos, sin = torch.cos(angle).to(cd), torch.sin(angle).to(cd)
+    cos, sin = cos.reshape(shape).to(cd), sin.reshape(shape).to(cd)
     xc = x.to(cd)
     x0, x1 = xc[..., 0::2], xc[..., 1::2]
     out = torch.stack((x0 * cos - x1 * sin, x0 * sin + x1 * cos), dim=-1)  # [..., dr/2, 2]
     return out.flatten(-2).to(x.dtype)
 
 
+class RopeTable:
+    """Rotation by a cos / sin table of every position [0, max_len) computed once, so a position's rotation
+    never depends on the call it is in (torch's CPU transcendentals round by position in the buffer)."""
+
+    def __init__(self, freqs: torch.Tensor, max_len: int):
+        angle = torch.arange(max_len, device=freqs.device, dtype=torch.float64)[:, None] * freqs  # [P, dr/2]
+        self.cos, self.sin = torch.cos(angle), torch.sin(angle)
+
+    def __call__(self, x: torch.Tensor, positions: torch.Tensor, freqs: torch.Tensor) -> torch.Tensor:
+        del freqs  # in the table
+        p = positions.to(torch.int64)
+        return _rotate(x, self.cos[p], self.sin[p])
+
+
 class LinearOps(NamedTuple):
-    """The GEMM and norm a projection uses: cuBLAS / torch reductions, or their batch-invariant forms."""
+    """The GEMM, norm and RoPE a projection uses: cuBLAS / torch reductions, or their batch-invariant forms."""
     linear: Callable     # (x [..., K], w [N, K]) -> [..., N]
     rms_norm: Callable   # (x, w, eps) -> x's shape and dtype
+    rope: Callable       # (x, positions, freqs) -> x rotated
 
 
-DEFAULT_OPS = LinearOps(lambda x, w: x @ w.T, rms_norm)
-INVARIANT_OPS = LinearOps(invariant.linear, invariant.rms_norm)
+DEFAULT_OPS = LinearOps(lambda x, w: x @ w.T, rms_norm, rope_interleaved)
+
+
+def invariant_ops(freqs: torch.Tensor, max_len: int) -> LinearOps:
+    return LinearOps(invariant.linear, invariant.rms_norm, RopeTable(freqs, max_len))
 
 
 class Projected(NamedTuple):
@@ -77,8 +100,8 @@ def mla_project(w: dict, cfg: ModelConfig, layer: int, h: torch.Tensor, position
     q = q.view(B, T, cfg.n_heads, cfg.qk_head_dim)  # [B, T, H, dn + dr]
     kv = ops.linear(h, w[p + "wkv_a"])  # [B, T, dc + dr]
     c_kv = ops.rms_norm(kv[..., :cfg.kv_lora_rank], w[p + "kv_norm"], cfg.rms_eps)  # norm on the latent only
-    k_pe = rope_interleaved(kv[..., cfg.kv_lora_rank:], positions, freqs)
-    return Projected(q[..., :cfg.qk_nope_dim], rope_interleaved(q[..., cfg.qk_nope_dim:], positions, freqs),
+    k_pe = ops.rope(kv[..., cfg.kv_lora_rank:], positions, freqs)
+    return Projected(q[..., :cfg.qk_nope_dim], ops.rope(q[..., cfg.qk_nope_dim:], positions, freqs),
                      torch.cat((c_kv, k_pe), dim=-1))
 
 

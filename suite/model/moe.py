@@ -37,7 +37,7 @@ def route(x: torch.Tensor, w_gate: torch.Tensor, bias: torch.Tensor, cfg: ModelC
     invariant_mode: batch-invariant gate GEMM and a left-to-right sum over the top-k (sorts and elementwise
     ops are row-independent already).
     """
-    s = torch.sigmoid((invariant.gate_logits if invariant_mode else gate_logits)(x, w_gate))   # [N, E]
+    s = invariant.sigmoid(invariant.gate_logits(x, w_gate)) if invariant_mode else torch.sigmoid(gate_logits(x, w_gate))
     biased = s + bias.to(s.dtype)
     if cfg.n_group > 1:
         n, e = biased.shape

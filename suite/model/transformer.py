@@ -15,8 +15,8 @@ from kdbench.references.model import init_weights as _np_init_weights
 from kdbench.references.model_config import ModelConfig
 
 from . import invariant
-from .mla import (DEFAULT_OPS, HALF, INVARIANT_OPS, attention_absorbed, attention_cuda, attention_naive, inv_freq,
-                  mla_project, split_wkv_b, visible_mask, write_rows)
+from .mla import (DEFAULT_OPS, HALF, attention_absorbed, attention_cuda, attention_naive, inv_freq,
+                  invariant_ops, mla_project, split_wkv_b, visible_mask, write_rows)
 from .moe import DISPATCH_MODES, moe_forward, swiglu
 from .weights import check_weights, from_numpy, init_weights
 
@@ -61,10 +61,10 @@ class Transformer:
         # batch_invariant: every op's row output is bitwise independent of the other rows of the call, and
         # prefill, AR decode and tree verify share one attention over logical key order (plans/0010)
         self.batch_invariant = bool(batch_invariant)
-        self.ops = INVARIANT_OPS if self.batch_invariant else DEFAULT_OPS
         self.set_taps(tap_layers)
         self.device, self.dtype = weights["embed"].device, weights["embed"].dtype
         self.freqs = inv_freq(cfg, self.device)  # [dr/2] float64
+        self.ops = invariant_ops(self.freqs, cfg.max_seq_len) if self.batch_invariant else DEFAULT_OPS
 
     @classmethod
     def random(cls, cfg: ModelConfig, seed: int, device="cpu", dtype=torch.bfloat16, **kw) -> "Transformer":
