@@ -4,6 +4,7 @@ CPU: elementwise products and fixed pairwise trees, invariant by construction. D
 """
 from __future__ import annotations
 
+import math
 from typing import NamedTuple
 
 import torch
@@ -47,7 +48,7 @@ def ordered_sum(x: torch.Tensor) -> torch.Tensor:
 
 
 _LN2_HI, _LN2_LO = 6.93147180369123816490e-01, 1.90821492927058770002e-10   # fdlibm's split of ln 2
-_EXP_TAYLOR = [1.0 / __import__("math").factorial(i) for i in range(14, -1, -1)]  # degree 14, Horner order
+_EXP_TAYLOR = [1.0 / math.factorial(i) for i in range(14, -1, -1)]  # degree 14, Horner order
 
 
 def exp(x: torch.Tensor) -> torch.Tensor:
