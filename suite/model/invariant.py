@@ -173,8 +173,9 @@ def key_lists(past_lens: torch.Tensor, T: int, anc: torch.Tensor | None) -> KeyL
     tidx = torch.sort(depth_key, dim=-1, stable=True).indices       # [B, T, T]
     row_b = torch.arange(B, device=dev, dtype=torch.int32)[:, None].expand(B, T)
     c = past_lens.to(torch.int32)[:, None].expand(B, T)
-    return KeyLists(row_b.reshape(-1), c.reshape(-1), nt.to(torch.int32).reshape(-1),
-                    tidx.to(torch.int32).reshape(B * T, T).contiguous())
+    # contiguous(): reshape of an expanded [1, T] is a stride-0 view, which a kernel indexing r would overrun
+    return KeyLists(row_b.reshape(-1).contiguous(), c.reshape(-1).contiguous(),
+                    nt.to(torch.int32).reshape(-1).contiguous(), tidx.to(torch.int32).reshape(B * T, T).contiguous())
 
 
 def attention(q_lat, q_pe, kv, past_lens, anc, scale: float) -> torch.Tensor:

@@ -214,6 +214,8 @@ def attention(q: torch.Tensor, kv: torch.Tensor, kl, scale: float, dc: int) -> t
     if dc & (dc - 1) or dr & (dr - 1) or dr < 16 or kv.stride(-1) != 1 or kv.dtype != q.dtype:
         raise ValueError(f"invariant attention: needs power-of-2 dc, dr >= 16 and a {q.dtype} cache; got dc {dc}, "
                          f"dr {dr}, cache {kv.dtype}")
+    if any(t.shape[0] != R or not t.is_contiguous() for t in kl):
+        raise ValueError("invariant attention: key lists must be contiguous with one entry per query row")
     o = torch.empty(R, H, dc, dtype=q.dtype, device=q.device)
     if R:
         grid = (R, triton.cdiv(H, ATTN_BLOCK_H))
