@@ -3,33 +3,43 @@ batches and tree verifies of M = 1..4160 rows (suite/model/invariant_check.py); 
 AR token for token, also in bf16; the invariant model still matches the float64 reference; no near-tie excuse."""
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
 from invariant_helpers import GPU_REASON
 
+from kdbench import runner
 from kdbench.engine.engine import generate, target_from_preset
 from kdbench.engine.stages import Policy
 from kdbench.kinds import generation as gen
+from kdbench.model import invariant as inv
 from kdbench.model.invariant_check import check_forward
+from kdbench.model.presets import get_preset
 from kdbench.model.synthetic import SyntheticDrafter
 from kdbench.model.transformer import Transformer
+from kdbench.results import load_records
 
 FULL = dict(ar_batches=(7, 64, 520), verify_shapes=((1, 65), (8, 65), (64, 65)))   # M = 7..4160
 SHORT = dict(ar_batches=(7, 64), verify_shapes=((1, 65), (8, 65)))
 
 
-@pytest.mark.parametrize("dtype,sizes", [(torch.float32, FULL), (torch.float64, SHORT)], ids=["f32", "f64"])
+@pytest.mark.parametrize("dtype,sizes", [(torch.float32, FULL), (torch.float64, FULL)], ids=["f32", "f64"])
 def test_forward_rows_are_batch_invariant_cpu(dtype, sizes):
     model = target_from_preset("tiny-groups", 3, dtype=dtype, batch_invariant=True)
     assert check_forward(model, **sizes) == []
 
 
-def test_default_mode_is_not_invariant_so_the_check_can_fail():
-    """The same check on the default kernels finds differences (float32 CPU, BLAS blocking by M)."""
-    model = target_from_preset("tiny", 3, dtype=torch.float32)
-    fails = check_forward(model, ar_batches=(64,), verify_shapes=((8, 65),))
-    assert fails and all("differ from AR alone" in f for f in fails)
+def test_the_check_catches_an_m_dependent_gemm(monkeypatch):
+    """A GEMM whose rounding depends on M (here: scaled by 1 + 2^-20 * (M % 3)) fails the check, in logits
+    and in the written KV rows, for AR batches and verifies alike."""
+    exact = inv.linear
+    monkeypatch.setattr(inv, "linear", lambda x, w: exact(x, w) * (1 + 2.0 ** -20 * (x[..., 0].numel() % 3)))
+    model = target_from_preset("tiny", 3, dtype=torch.float64, batch_invariant=True)
+    fails = check_forward(model, ar_batches=(7,), verify_shapes=((1, 65),))
+    assert any(f.startswith("ar B=7") and "logits" in f for f in fails), fails
+    assert any(f.startswith("verify B=1 T=65") and "kv" in f for f in fails), fails
 
 
 def test_invariant_model_matches_default_in_float64():
@@ -81,10 +91,29 @@ def test_invariant_divergence_is_never_excused():
 @pytest.mark.skipif(not torch.cuda.is_available(), reason=GPU_REASON)
 def test_forward_rows_are_batch_invariant_cuda():
     """bf16 on the GPU, a 2-layer model at reduced width with the real MLA latent shape (dc 512, dr 64)."""
-    import dataclasses
-
-    from kdbench.model.presets import get_preset
     cfg = dataclasses.replace(get_preset("kimi-k2-slice-2"), hidden=1024, n_heads=16, q_lora_rank=256,
                               intermediate=1024, moe_intermediate=256, n_routed_experts=32, vocab_size=4096)
     model = Transformer.random(cfg, 3, device="cuda", dtype=torch.bfloat16, batch_invariant=True)
     assert check_forward(model, **FULL) == []
+
+
+SCENARIO = """
+name: inv
+kind: acceptance
+seed: 9
+cases:
+  - name: bf16-exact
+    backends: [torch]
+    shape: {model: tiny, policy: ddtree, budget: 16, prompts: 2, prompt_len: 7, max_new_tokens: 10,
+            drafter: synthetic, quality: 0.7, batch: 2, dtype: bfloat16, batch_invariant: true}
+"""
+
+
+def test_scenario_field_runs_the_invariant_target(tmp_path):
+    """`batch_invariant: true` reaches the target (records say so) and a bf16 case is lossless exactly."""
+    path = tmp_path / "inv.yaml"
+    path.write_text(SCENARIO)
+    out = runner.run_scenarios([str(path)], str(tmp_path / "run"), "cpu", None, progress=False)
+    recs = load_records(tmp_path / "run")
+    assert out.exit_code == 0, [(r.case, r.reason) for r in recs]
+    assert recs and all(r.extra["batch_invariant"] is True and r.lossless == "yes" for r in recs)

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # H200 check of issue 12 (batch-invariant target): the GPU invariance tests of every op and of the whole forward,
 # forward invariance on kimi-k2-slice-2 + per-op cost (invariant_gpu.py), and the exact-greedy bf16 e2e
-# (scenarios/e2e/h200_slice2_invariant.yaml; PART=inv runs the invariant cases only). ~95 s on a warm H200 (install 20, tests 30, forward check + cost 15, e2e 25); PART=inv: ~80 s.
+# (scenarios/e2e/h200_slice2_invariant.yaml; PART=inv runs the invariant cases only).
+# ~95 s on a warm H200 (install 20, tests 30, forward check + cost 15, e2e 25); PART=inv: ~80 s.
 # Usage (device machine, repo root): bash reports/h200/2026-12-01/invariant/run_invariant.sh OUT_DIR
 set -uo pipefail
 out=${1:?OUT_DIR}; mkdir -p "$out"; export PYTHONUNBUFFERED=1 MPLBACKEND=Agg; t0=$(date +%s)
