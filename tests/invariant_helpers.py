@@ -41,7 +41,8 @@ def check_rows_invariant(fn, target: torch.Tensor, make_others, seed: int, sizes
         gen = torch.Generator().manual_seed(seed * 7919 + M)
         rows, i = place(target, make_others(M - 1, gen), rng)
         got = fn(rows)[i]
-        assert bitwise_equal(got, want), f"M={M} (seed {seed}, row {i}): max diff {(got.double() - want.double()).abs().max()}"
+        diff = (got.double() - want.double()).abs().max()
+        assert bitwise_equal(got, want), f"M={M} (seed {seed}, row {i}): max diff {diff}"
 
 
 def tree_with_chain(T: int, chain_slots: list[int], rng: np.random.Generator) -> np.ndarray:

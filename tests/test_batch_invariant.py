@@ -52,7 +52,8 @@ def test_rms_norm_and_router(device, dtype):
                               n_experts_per_tok=3)   # group-limited routing, normalized top-k
     wg = randn(g, 2 * E, d, device=device, dtype=dtype, scale=d ** -0.5)
     bias = (torch.randn(2 * E, generator=g) * 0.1).to(device)
-    both = lambda x: torch.cat([t.double() for t in tmoe.route(x, wg, bias, cfg, invariant_mode=True)], -1)  # noqa: E731
+    def both(x):  # idx and weights of the router, side by side
+        return torch.cat([t.double() for t in tmoe.route(x, wg, bias, cfg, invariant_mode=True)], -1)
     mkr = lambda n, gen: randn(gen, n, d, device=device, dtype=dtype)  # noqa: E731
     check_rows_invariant(lambda x: inv.gate_logits(x, wg), mkr(1, g)[0], mkr, seed=5)
     check_rows_invariant(both, mkr(1, g)[0], mkr, seed=6)

@@ -95,5 +95,6 @@ def check_forward(model, ar_batches=(7, 64, 520), verify_shapes=((1, 65), (8, 65
         for name, g, w in (("logits", got[0], want_logits), ("kv", got[1], want_kv)):
             if not torch.equal(g, w):
                 diff = (g.double() - w.double()).abs().max().item()
-                fails.append(f"{kind} B={B} T={T} (M={B * T}, request {b0}): {name} differ from AR alone, max {diff:.3g}")
+                fails.append(f"{kind} B={B} T={T} (M={B * T}, request {b0}): {name} differ from AR alone, "
+                             f"max {diff:.3g}")
     return fails

@@ -44,7 +44,8 @@ def op_costs(inv_model: Transformer, base: Transformer) -> dict:
                "wq_b": (lambda: q @ w["layers.0.wq_b"].T, lambda: inv.linear(q, w["layers.0.wq_b"])),
                "rms_norm": (lambda: base.ops.rms_norm(x, w["norm"], cfg.rms_eps),
                             lambda: inv.rms_norm(x, w["norm"], cfg.rms_eps)),
-               "moe_layer": (lambda: tmoe.moe_forward(w, cfg, 1, x), lambda: tmoe.moe_forward(w, cfg, 1, x, "auto", True))}
+               "moe_layer": (lambda: tmoe.moe_forward(w, cfg, 1, x),
+                             lambda: tmoe.moe_forward(w, cfg, 1, x, "auto", True))}
         B, T = (8, 1) if M == 8 else (8, 65)
         row["attention"] = _attention_pair(cfg, B, T, g)
         out[M] = {k: {"default_ms": cuda_ms(a), "invariant_ms": cuda_ms(b)} for k, (a, b) in row.items()}

@@ -8,7 +8,8 @@ set -uo pipefail
 out=${1:?OUT_DIR}; mkdir -p "$out"; export PYTHONUNBUFFERED=1 MPLBACKEND=Agg; t0=$(date +%s)
 here=reports/h200/2026-12-01/invariant
 at() { echo "$1 at $(( $(date +%s) - t0 )) s"; }
-python3 -m pip install -q --no-build-isolation --no-deps -e . > "$out/install.log" 2>&1 || { tail -5 "$out/install.log"; exit 1; }
+python3 -m pip install -q --no-build-isolation --no-deps -e . > "$out/install.log" 2>&1 \
+  || { tail -5 "$out/install.log"; exit 1; }
 at install
 timeout 90 python3 -m pytest -q -p no:cacheprovider --benchmark-skip -k "cuda" tests/test_batch_invariant.py \
   tests/test_batch_invariant_model.py > "$out/gpu_tests.log" 2>&1; at "gpu tests rc=$?"; tail -4 "$out/gpu_tests.log"
