@@ -81,6 +81,7 @@ def _compare(args) -> int:
 
 def _list(args) -> int:
     from kdbench import config, families
+    from kdbench.backends import registry
     print("scenarios:")
     for path in sorted(Path(args.root).glob("**/*.yaml")):
         try:
@@ -92,9 +93,10 @@ def _list(args) -> int:
     device = "cuda" if _has_cuda() else "cpu"
     for fam in families.FAMILIES:
         print(f"  {fam}")
-        for backend in families.FAMILY_BACKENDS[fam]:
-            ok, reason = families.backend_available(backend, device)
-            print(f"    {backend:14s} {'available' if ok else 'unavailable: ' + reason}")
+        for backend in registry.for_family(fam):
+            ok, reason = registry.available(backend, device)
+            role = registry.role(backend)
+            print(f"    {backend:19s} {role:9s} {'available' if ok else 'unavailable: ' + reason}")
     return 0
 
 

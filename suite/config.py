@@ -19,7 +19,8 @@ import yaml
 
 from kdbench import schema, yamlload
 from kdbench.errors import ScenarioError, UserError
-from kdbench.shapes import FAMILY_BACKENDS, FAMILY_SHAPES, GENERATION_BACKENDS, KIND_SHAPES
+from kdbench.backends import registry
+from kdbench.shapes import FAMILY_SHAPES, KIND_SHAPES
 
 Kind = Literal["kernel", "acceptance", "e2e", "topology"]
 Dtype = Literal["float32", "bfloat16", "float64"]
@@ -188,7 +189,7 @@ def _parse(text: str, file: str) -> Any:
 def _expand(spec: ScenarioSpec, cs: CaseSpec, index: int, file: str) -> list[Case]:
     path = f"cases[{index}]"
     shape_cls = _shape_class(spec.kind, cs, path, file)
-    valid = FAMILY_BACKENDS[cs.family] if spec.kind == "kernel" else GENERATION_BACKENDS
+    valid = registry.for_family(cs.family) if spec.kind == "kernel" else registry.for_kind(spec.kind)
     for i, backend in enumerate(cs.backends):
         if backend not in valid:
             raise ScenarioError(file, f"{path}.backends[{i}]",

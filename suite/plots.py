@@ -11,6 +11,8 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator, NullFormatter
 
+from kdbench import timing
+
 DPI = 90
 
 
@@ -52,7 +54,7 @@ def roofline(points: list[dict], ceilings: dict | None) -> str | None:
         ridge = peak / bw
         lo, hi = min(lo, ridge / 4), max(hi, ridge * 4)
         grid = [lo * (hi / lo) ** (i / 63) for i in range(64)]
-        ax.plot(grid, [min(peak, x * bw) for x in grid], color="black", lw=1.5,
+        ax.plot(grid, [timing.attainable_flops_per_s(x, bw, peak) for x in grid], color="black", lw=1.5,
                 label=f"roof: {_si(bw)}B/s copy, {_si(peak)}FLOP/s matmul")
     for label in sorted({p["label"] for p in pts}):
         sel = [p for p in pts if p["label"] == label]

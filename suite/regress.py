@@ -10,8 +10,8 @@ from typing import Any
 
 import numpy as np
 
+from kdbench.backends import registry
 from kdbench.errors import DamagedRun
-from kdbench.report_tables import NOT_BASELINES
 from kdbench.results import KEY_COLUMNS, Record, atomic_write_text, load_meta, load_run_records
 
 VERDICTS = ("fail", "slower", "faster", "ambiguous", "same", "skipped", "missing", "new")
@@ -104,13 +104,7 @@ def _timing_verdict(base: Record, new: Record, alpha: float, min_effect: float) 
     return {**out, "verdict": "same", "note": note}
 
 
-def gates(kind: str, backend: str) -> bool:
-    """Whether a slower timing fails the compare. Our code gates: the kernels under test (cuda, cuda_mma) and
-    every engine row (acceptance, e2e). Kernel baselines and the numpy reference are context: host-bound, they
-    move with the machine's CPU (an H200 A/A nightly pair moved them by up to 1.8x), so they are reported only."""
-    if backend == "numpy_ref":
-        return False
-    return kind != "kernel" or backend in NOT_BASELINES
+gates = registry.gates   # our kernels and every engine row gate; baselines, peers and the reference are context
 
 
 def _row_verdict(base: Record | None, new: Record | None, alpha: float, min_effect: float) -> dict[str, Any]:

@@ -265,11 +265,13 @@ def _generation_plots(recs: list[Record]) -> list[dict]:
 
 # ------------------------------------------------------------------------------------------ sections
 
-def kernel_section(family: str, recs: list[Record], best: dict) -> dict:
-    rows = tables.kernel_rows(recs, best)
+def kernel_section(family: str, recs: list[Record], best: dict, peers: dict) -> dict:
+    rows = tables.kernel_rows(recs, best, peers)
     plot_list = [p for p in [_roofline_plot(recs, family)] + _latency_plots(recs) if p]
     return {"type": "kernel", "title": f"kernel: {family}", **tables.layout(tables.KERNEL_COLUMNS, rows),
-            "rows": rows, "plots": plot_list, "compared": any(r["baseline"] for r in rows)}
+            "rows": rows, "plots": plot_list, "compared": any(r["baseline"] for r in rows),
+            "peer_compared": any(r["peer"] for r in rows),
+            "legend": [(b, tables.registry_label(b)) for b in dict.fromkeys(r.backend for r in recs)]}
 
 
 def generation_section(kind: str, recs: list[Record]) -> dict:
@@ -282,11 +284,11 @@ def _groups(records: list[Record]) -> dict[tuple[str, str], list[Record]]:
     return tables.grouped(records, lambda r: (r.kind, r.family if r.kind == "kernel" else ""))
 
 
-def sections(records: list[Record], best: dict) -> list[dict]:
+def sections(records: list[Record], best: dict, peers: dict) -> list[dict]:
     out = []
     for (kind, family), recs in _groups(records).items():
         if kind == "kernel":
-            out.append(kernel_section(family, recs, best))
+            out.append(kernel_section(family, recs, best, peers))
         elif kind in ("acceptance", "e2e"):
             out.append(generation_section(kind, recs))
         else:
@@ -296,9 +298,9 @@ def sections(records: list[Record], best: dict) -> list[dict]:
     return out
 
 
-def headlines(records: list[Record], best: dict) -> dict[str, list[dict]]:
+def headlines(records: list[Record], best: dict, peers: dict) -> dict[str, list[dict]]:
     groups = _groups(records)
-    return {"kernel": [tables.kernel_headline(fam, recs, best) for (kind, fam), recs in groups.items()
+    return {"kernel": [tables.kernel_headline(fam, recs, best, peers) for (kind, fam), recs in groups.items()
                        if kind == "kernel"],
             "acceptance": tables.acceptance_headline(groups.get(("acceptance", ""), [])),
             "e2e": tables.e2e_headline(groups.get(("e2e", ""), []))}
@@ -330,7 +332,7 @@ def env_rows(fp: dict[str, Any]) -> list[tuple[str, str]]:
 
 
 def context(run_dir: Path, records: list[Record], meta: dict[str, Any]) -> dict[str, Any]:
-    best = tables.best_baselines(records)
+    best, peers = tables.best_baselines(records), tables.best_peers(records)
     return {
         "title": f"kdbench run {run_dir.name}",
         "meta": meta,
@@ -341,8 +343,8 @@ def context(run_dir: Path, records: list[Record], meta: dict[str, Any]) -> dict[
         "counts": tables.verdict_counts(records),
         "attention": tables.attention_rows(records),
         "skipped": tables.skipped_groups(records),
-        "headlines": headlines(records, best),
-        "sections": sections(records, best),
+        "headlines": headlines(records, best, peers),
+        "sections": sections(records, best, peers),
         "env_rows": env_rows(_meta_field(run_dir, meta, "fingerprint", dict)),
         "ceilings": tables.ceiling_rows(records),
         "telemetry": tables.telemetry_rows(records),

@@ -11,12 +11,12 @@ from collections import Counter
 from dataclasses import asdict
 from typing import Any, Iterable
 
+from kdbench.backends import registry
 from kdbench.results import Record
 
 STATUS_ORDER = ("pass", "fail", "error", "skipped", "ambiguous", "info")
 ATTENTION = ("fail", "error", "ambiguous")
 USABLE = ("pass", "info")                # rows whose timing may enter a speedup: checked, or measured only
-NOT_BASELINES = ("cuda", "cuda_mma", "numpy_ref")   # our kernel (and its mma.sync path), the float64 reference
 
 
 # ------------------------------------------------------------------------------------------ helpers
@@ -117,15 +117,27 @@ def _timed(rec: Record) -> bool:
     return rec.status in USABLE and not missing(rec.time_median_s) and rec.time_median_s > 0
 
 
-def best_baselines(records: list[Record]) -> dict[tuple, Record]:
-    """Per case key, the fastest timed row of a backend other than cuda and numpy_ref."""
+def best_of(records: list[Record], role: str) -> dict[tuple, Record]:
+    """Per case key, the fastest timed kernel row of a backend with this registry role that does the case's
+    whole work (flashinfer_prefix does less: it is never the best peer)."""
     best: dict[tuple, Record] = {}
     for r in records:
-        if r.kind == "kernel" and r.backend not in NOT_BASELINES and _timed(r):
+        entry = registry.BACKENDS.get(r.backend)
+        if r.kind == "kernel" and entry is not None and entry.role == role and entry.same_work and _timed(r):
             k = case_key(r)
             if k not in best or r.time_median_s < best[k].time_median_s:
                 best[k] = r
     return best
+
+
+def best_baselines(records: list[Record]) -> dict[tuple, Record]:
+    """The torch (and host) baselines: what a plain model runs."""
+    return best_of(records, "baseline")
+
+
+def best_peers(records: list[Record]) -> dict[tuple, Record]:
+    """The public kernels a serving stack could run instead (FlashInfer)."""
+    return best_of(records, "peer")
 
 
 def speedup(rec: Record, best: dict[tuple, Record]) -> tuple[float, str]:
@@ -138,17 +150,22 @@ def speedup(rec: Record, best: dict[tuple, Record]) -> tuple[float, str]:
 
 # ------------------------------------------------------------------------------------------ headlines
 
-def kernel_headline(family: str, recs: list[Record], best: dict[tuple, Record]) -> dict[str, Any]:
+def kernel_headline(family: str, recs: list[Record], best: dict[tuple, Record],
+                    peers: dict[tuple, Record] | None = None) -> dict[str, Any]:
     statuses = Counter(r.status for r in recs)
     cuda = [r for r in recs if r.backend == "cuda"]
     sp = [(v, r.case) for r in cuda for v in [speedup(r, best)[0]] if not missing(v)]
     lowest = min(sp) if sp else (math.nan, "")
+    vs_peer = [(v, r.case) for r in cuda for v in [speedup(r, peers or {})[0]] if not missing(v)]
+    peer_low = min(vs_peer) if vs_peer else (math.nan, "")
     return {"family": family, "cases": len({(r.scenario, r.case, r.dtype) for r in recs}), "rows": len(recs),
             "pass": statuses["pass"], "bad": statuses["fail"] + statuses["error"],
             "skipped": statuses["skipped"], "cuda_rows": len(cuda),
             "floor_pct": median(r.pct_of_floor_rate for r in cuda if r.status in USABLE),
             "speedup_median": median(v for v, _ in sp), "speedup_min": lowest[0],
-            "speedup_min_case": lowest[1], "compared": len(sp)}
+            "speedup_min_case": lowest[1], "compared": len(sp),
+            "peer_median": median(v for v, _ in vs_peer), "peer_min": peer_low[0], "peer_min_case": peer_low[1],
+            "peer_compared": len(vs_peer)}
 
 
 def acceptance_headline(recs: list[Record]) -> list[dict[str, Any]]:
@@ -175,6 +192,12 @@ def e2e_headline(recs: list[Record]) -> list[dict[str, Any]]:
 
 
 # ------------------------------------------------------------------------------------------ section rows
+
+def registry_label(backend: str) -> str:
+    """The registry's few words on a backend (e.g. that flashinfer_prefix does less work); '' if unknown."""
+    entry = registry.BACKENDS.get(backend)
+    return entry.label if entry is not None else ""
+
 
 def row(rec: Record, **extra) -> dict[str, Any]:
     out = asdict(rec)
@@ -221,7 +244,8 @@ def layout(columns: list[tuple], rows: list[dict]) -> dict[str, Any]:
             "noted": any(r["note"] for r in rows)}
 
 
-def kernel_rows(recs: list[Record], best: dict[tuple, Record]) -> list[dict[str, Any]]:
+def kernel_rows(recs: list[Record], best: dict[tuple, Record],
+                peers: dict[tuple, Record] | None = None) -> list[dict[str, Any]]:
     """One row per (case, backend), the rows of a case together; the first row of a case carries
     span = its row count and the case's distinct repro commands (the template's rowspan), the others span 0."""
     out = []
@@ -229,9 +253,11 @@ def kernel_rows(recs: list[Record], best: dict[tuple, Record]) -> list[dict[str,
         repros = list(dict.fromkeys(r.repro for r in group if r.repro))
         for i, r in enumerate(group):
             value, base = speedup(r, best)
+            vs_peer, peer = speedup(r, peers or {})
             out.append(row(r, span=0 if i else len(group), repros=repros if i == 0 else [],
                            gb_per_s=ratio(r.bytes_moved, r.time_median_s) / 1e9,
-                           tflop_per_s=ratio(r.flops, r.time_median_s) / 1e12, speedup=value, baseline=base))
+                           tflop_per_s=ratio(r.flops, r.time_median_s) / 1e12, speedup=value, baseline=base,
+                           speedup_peer=vs_peer, peer=peer, label=registry_label(r.backend)))
     return out
 
 

@@ -8,6 +8,8 @@ import math
 from dataclasses import dataclass, fields
 from typing import Literal
 
+from kdbench.references.model_config import get_preset, preset_names
+
 MAX_BUDGET = 1024   # the engine's and the kernels' largest supported tree budget
 MAX_DIM = 2**31 - 1  # every size field: the kernels index with int32 (a 23-digit batch would never finish)
 MAX_LAYERS = 61     # model presets: the full DeepSeek-V3 / Kimi-K2 depth
@@ -109,7 +111,6 @@ class GenerationShape:
     batch_invariant: bool = False    # batch-invariant target (plans/0010): greedy spec == AR bit for bit, any dtype
 
     def validate(self):
-        from kdbench.references.model_config import get_preset, preset_names
         try:
             cfg = get_preset(self.model)
         except KeyError:
@@ -176,16 +177,6 @@ FAMILY_SHAPES = {
     "tree_accept": TreeAcceptShape,
     "kv_compact": KvCompactShape,
 }
-# Backends each family implements; the scenario loader checks case backends against these.
-FAMILY_BACKENDS = {
-    "tree_build": ("numpy_ref", "torch", "cpu_heap", "cuda"),   # cpu_heap: torch topk + the C++ heap
-    # cuda: the kernel as the engine runs it (wgmma on sm_90); cuda_mma: the same kernel pinned to mma.sync
-    "tree_verify_mla": ("numpy_ref", "torch", "torch_sdpa", "torch_twopass", "cuda", "cuda_mma"),
-    "tree_accept": ("numpy_ref", "torch", "cuda"),
-    "kv_compact": ("numpy_ref", "torch", "cuda"),
-}
-GENERATION_BACKENDS = ("torch", "cuda")   # stage backends of the engine (acceptance, e2e, topology)
-
 KIND_SHAPES = {"acceptance": GenerationShape, "e2e": GenerationShape, "topology": TopologyShape}
 
 

@@ -1,15 +1,17 @@
 """Timing: CUDA events per sample after warm-up with an optional L2 flush (GPU), perf_counter_ns (CPU);
-raw samples kept, median with p20/p80. Also the measured roofline ceilings of the machine (cached per GPU).
+raw samples kept, median with p20/p80; rounds() interleaves several contenders in alternating order (ABBA).
+Also the measured roofline ceilings of the machine (cached per GPU) and the one roofline floor formula.
 """
 from __future__ import annotations
 
 import datetime
 import functools
 import json
+import math
 import os
 import re
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
 
@@ -31,6 +33,7 @@ class TimingResult:
     median_s: float
     p20_s: float
     p80_s: float
+    outputs: list = field(default_factory=list, repr=False, compare=False)   # fn's returns (keep_outputs)
 
 
 def summarize(samples) -> TimingResult:
@@ -43,29 +46,75 @@ def summarize(samples) -> TimingResult:
 
 
 def measure(fn: Callable[[], object], *, warmup: int, repeat: int, device: str,
-            flush_l2: bool = True, shield: bool = True) -> TimingResult:
+            flush_l2: bool = True, shield: bool = True, keep_outputs: bool = False) -> TimingResult:
     """Call fn `warmup` times untimed, then `repeat` timed samples. device 'cuda' (or 'cuda:N'): one pair of
     CUDA events around each call on the current stream, a 2x-L2 buffer written before each sample when
     flush_l2 (cold caches), then the launch shield when `shield` (LAUNCH_SHIELD_CYCLES). device 'cpu':
-    perf_counter_ns around each call; flush_l2 is not applied."""
+    perf_counter_ns around each call; flush_l2 is not applied. keep_outputs: the result holds every timed
+    call's return value (held alive, so no timed call can write into a block an earlier one filled)."""
     if repeat < 1 or warmup < 0:
         raise ValueError(f"measure(): warmup={warmup}, repeat={repeat}; need warmup >= 0, repeat >= 1")
     if device == "cpu":
-        return _measure_cpu(fn, warmup, repeat)
+        return _measure_cpu(fn, warmup, repeat, keep_outputs)
     if device.startswith("cuda"):
-        return _measure_cuda(fn, warmup, repeat, device, flush_l2, shield)
+        return _measure_cuda(fn, warmup, repeat, device, flush_l2, shield, keep_outputs)
     raise ValueError(f"measure(): device {device!r}, expected 'cpu' or 'cuda'")
 
 
-def _measure_cpu(fn, warmup: int, repeat: int) -> TimingResult:
+def _measure_cpu(fn, warmup: int, repeat: int, keep: bool) -> TimingResult:
     for _ in range(warmup):
         fn()
-    samples = []
+    samples, outputs = [], []
     for _ in range(repeat):
         t0 = time.perf_counter_ns()
-        fn()
+        out = fn()
         samples.append((time.perf_counter_ns() - t0) * 1e-9)
-    return summarize(samples)
+        if keep:
+            outputs.append(out)
+    return _with_outputs(summarize(samples), outputs)
+
+
+def _with_outputs(t: TimingResult, outputs: list) -> TimingResult:
+    return TimingResult(t.samples_s, t.median_s, t.p20_s, t.p80_s, outputs)
+
+
+@dataclass(frozen=True)
+class Contender:
+    """One entry of rounds(): the timed call and the device it is timed on."""
+    fn: Callable[[], object]
+    device: str
+
+
+def round_orders(names: list[str], rounds: int) -> list[list[str]]:
+    """The order of each round: as given, then reversed, alternating (A B, B A, A B, ...: ABBA), so a drift
+    of the machine over the run (clocks, temperature, a neighbour) falls on every contender alike."""
+    return [list(names) if r % 2 == 0 else list(reversed(names)) for r in range(rounds)]
+
+
+def rounds(contenders: dict[str, Contender], *, warmup: int, repeat: int, n_rounds: int = 4,
+           flush_l2: bool = True, keep_outputs: bool = False) -> dict[str, TimingResult | Exception]:
+    """Time every contender in n_rounds rounds of about repeat / n_rounds samples each (repeat in total), in
+    round_orders(); each later round warms its contender up again with one call (none when warmup is 0).
+    A contender that raises is dropped from the later rounds and its exception returned in its place.
+    keep_outputs: each result's outputs are the returns of its first and its last timed call (the calls of
+    one round are all held alive until the round ends)."""
+    n = max(1, min(n_rounds, repeat))
+    sizes = [repeat // n + (1 if r < repeat % n else 0) for r in range(n)]
+    samples: dict[str, list[float]] = {k: [] for k in contenders}
+    outputs: dict[str, list] = {k: [] for k in contenders}
+    failed: dict[str, Exception] = {}
+    for r, order in enumerate(round_orders(list(contenders), n)):
+        for name in (k for k in order if k not in failed):
+            c = contenders[name]
+            try:
+                t = measure(c.fn, warmup=warmup if r == 0 else min(warmup, 1), repeat=sizes[r],
+                            device=c.device, flush_l2=flush_l2, keep_outputs=keep_outputs)
+            except Exception as exc:  # noqa: BLE001 - one contender's failure must not stop the others
+                failed[name] = exc
+                continue
+            samples[name] += t.samples_s
+            outputs[name] = (outputs[name][:1] or t.outputs[:1]) + t.outputs[-1:]   # the first and the last
+    return {k: failed[k] if k in failed else _with_outputs(summarize(samples[k]), outputs[k]) for k in contenders}
 
 
 def l2_bytes(device: str = "cuda") -> int:
@@ -74,7 +123,8 @@ def l2_bytes(device: str = "cuda") -> int:
     return int(getattr(props, "L2_cache_size", 0) or L2_FALLBACK_BYTES)
 
 
-def _measure_cuda(fn, warmup: int, repeat: int, device: str, flush_l2: bool, shield: bool) -> TimingResult:
+def _measure_cuda(fn, warmup: int, repeat: int, device: str, flush_l2: bool, shield: bool,
+                  keep: bool = False) -> TimingResult:
     import torch
     dev = torch.device(device)
     with torch.cuda.device(dev):
@@ -86,17 +136,20 @@ def _measure_cuda(fn, warmup: int, repeat: int, device: str, flush_l2: bool, shi
                   for _ in range(repeat)]
         torch.cuda.synchronize(dev)
         spin = getattr(torch.cuda, "_sleep", None) if shield else None   # torch's spin kernel
+        outputs = []
         for start, end in events:
             if flush is not None:
                 flush.fill_(1)
             if spin is not None:
                 spin(LAUNCH_SHIELD_CYCLES)
             start.record()
-            fn()
+            out = fn()
             end.record()
+            if keep:
+                outputs.append(out)
         torch.cuda.synchronize(dev)
         samples = [start.elapsed_time(end) * 1e-3 for start, end in events]   # ms -> s
-    return summarize(samples)
+    return _with_outputs(summarize(samples), outputs)
 
 
 # ------------------------------------------------------------------------------------------ ceilings
@@ -115,7 +168,13 @@ def floor_seconds(bytes_moved: float, flops: float, c: Ceilings) -> float:
 
 def pct_of_floor_rate(floor_s: float, median_s: float) -> float:
     """100 * floor / measured: 100 means the kernel runs at the ceiling, 10 means 10x slower than it."""
-    return 100.0 * floor_s / median_s
+    return 100.0 * floor_s / median_s if median_s > 0 else math.nan
+
+
+def attainable_flops_per_s(intensity: float, copy_bytes_per_s: float, flops_per_s: float) -> float:
+    """The roof of the roofline plot at `intensity` FLOP/byte: min(peak, intensity x bandwidth), the rate form
+    of floor_seconds (flops / attainable = the floor of that work)."""
+    return min(flops_per_s, intensity * copy_bytes_per_s)
 
 
 def cache_dir() -> Path:

@@ -9,7 +9,8 @@ from kdbench.backends.cuda_build import ExtensionUnavailable, load
 from kdbench.backends.types import AcceptResult, TreeBatch
 
 __all__ = ["ExtensionUnavailable", "kv_compact", "tree_accept_greedy", "tree_accept_sampled", "tree_build",
-           "tree_build_topk", "tree_verify_mla"]
+           "tree_build_topk", "tree_verify_mla",
+           "prepare_tree_verify_mla", "prepare_tree_verify_mla_mma"]
 
 
 def tree_build(draft_logits: torch.Tensor, budgets: torch.Tensor, root_tokens: torch.Tensor,
@@ -54,3 +55,15 @@ def tree_verify_mla(q: torch.Tensor, kv: torch.Tensor, past_lens: torch.Tensor, 
     impl: "auto" (wgmma on sm_90, else mma.sync), "wgmma" or "mma" (the backend `cuda_mma` pins the latter)."""
     o_lat, lse = load().tree_verify_mla(q, kv, past_lens, anc, float(scale), impl)
     return o_lat, lse
+
+
+def prepare_tree_verify_mla(q, kv, past_lens, anc, scale: float, dc: int = 512, impl: str = "auto"):
+    """The family contract's form: the zero-argument call of the kernel on these inputs (dc must be 512)."""
+    if dc != 512:
+        raise ValueError(f"the tree_verify_mla kernel is built for kv_lora 512, got {dc}")
+    return lambda: tree_verify_mla(q, kv, past_lens, anc, scale, impl)
+
+
+def prepare_tree_verify_mla_mma(q, kv, past_lens, anc, scale: float, dc: int = 512):
+    """As prepare_tree_verify_mla, pinned to the mma.sync path (backend cuda_mma)."""
+    return prepare_tree_verify_mla(q, kv, past_lens, anc, scale, dc, impl="mma")

@@ -1,6 +1,6 @@
-"""What runs at each stage of a speculative step: the tree policy (which build) and the stage backend
-("torch": suite/backends/torch_ops.py; "cuda": the kdbench_cuda extension via suite/backends/cuda_ext.py,
-imported only when asked for, with the reason when it is unavailable).
+"""What runs at each stage of a speculative step: the tree policy (which build) and the stage backend (a
+backend registry entry serving the engine's kinds: "torch" = suite/backends/torch_ops.py, "cuda" = the
+kdbench_cuda extension via suite/backends/cuda_ext.py, imported only when asked for).
 """
 from __future__ import annotations
 
@@ -8,10 +8,11 @@ import numbers
 from dataclasses import dataclass
 from typing import Callable
 
-from kdbench.backends import torch_ops
+from kdbench.backends import registry, torch_ops
+from kdbench.backends.cuda_build import ExtensionUnavailable
 
 POLICY_KINDS = ("ar", "chain", "ddtree", "ddtree_width_capped", "static_kary")
-BACKENDS = ("torch", "cuda")
+BACKENDS = registry.for_kind("e2e")   # the stage backends (registry entries serving the engine's kinds)
 MAX_BUDGET = 1024  # the largest tree the stages support (the paper's sweep ends here)
 
 
@@ -79,23 +80,20 @@ class Stages:
 
 
 def get_stages(backend: str, policy: Policy) -> Stages:
-    """The stage callables for `backend`. "cuda" uses the kernels where they exist (the CUDA build is
-    DDTree's Algorithm 1 only; other policies use the torch host build) and raises ExtensionUnavailable
-    (a RuntimeError) with the reason when the extension cannot be built or used here."""
+    """The stage callables of a registry backend serving the engine. A backend's own tree_build is DDTree's
+    Algorithm 1 only (the cuda kernel); other policies, and the torch backend, use the torch host build.
+    Raises ExtensionUnavailable (a RuntimeError) with the reason when the backend cannot be used here."""
     if backend not in BACKENDS:
         raise ValueError(f"unknown backend {backend!r}; valid backends: {', '.join(BACKENDS)}")
+    entry = registry.get(backend)
+    reason = entry.why_unavailable()   # the cuda extension: builds (or reuses) it once per process
+    if reason:
+        raise ExtensionUnavailable(f"backend {backend!r} is unavailable: {reason}")
     build_one = policy.build_one() if policy.kind != "ar" else None
 
     def torch_build(logits, budgets, roots, past, max_budget):
         return torch_ops.tree_build(logits, budgets, roots, past, max_budget, build_one)
 
-    if backend == "torch":
-        return Stages("torch", "torch", torch_build, torch_ops.tree_accept_greedy, torch_ops.tree_accept_sampled,
-                      torch_ops.kv_compact)
-    from kdbench.backends import cuda_build, cuda_ext  # noqa: PLC0415 (torch-only machines never need them)
-    reason = cuda_build.unavailable_reason()  # builds (or reuses) the extension once per process
-    if reason:
-        raise cuda_build.ExtensionUnavailable(f"backend 'cuda' is unavailable: {reason}")
-    build = cuda_ext.tree_build if policy.kind == "ddtree" else torch_build
-    return Stages("cuda", "cuda", build, cuda_ext.tree_accept_greedy, cuda_ext.tree_accept_sampled,
-                  cuda_ext.kv_compact)
+    own_build = policy.kind == "ddtree" and entry.name != "torch"
+    return Stages(backend, backend, entry.op("tree_build") if own_build else torch_build,
+                  entry.op("tree_accept_greedy"), entry.op("tree_accept_sampled"), entry.op("kv_compact"))

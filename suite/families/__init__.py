@@ -1,49 +1,59 @@
 """Kernel families: one module per family, the same name as csrc/<family>.cu and references/<family>.py.
-
-Each module provides (duck-typed, see tree_build.py for the longest example):
-  BACKENDS: tuple of backend names it implements ("numpy_ref" is always the reference)
-  make_inputs(shape, dtype, seed) -> dict of numpy arrays (bf16 cases hold bf16-representable values)
-  reference(inputs, shape) -> dict of numpy outputs (float64 / int64): the truth
-  run(backend, inputs, shape, device) -> dict of numpy outputs of that backend (one fresh run)
-  timed(backend, inputs, shape, device) -> zero-argument callable that runs the backend on resident inputs
-      (a family may cache those device copies in inputs["_device"], shared by its backends: tree_verify_mla)
-  check(got, want, tol) -> CheckResult (worst over the output arrays)
-  bytes_moved(shape, dtype) -> float, flops(shape) -> float: the napkin math behind every roofline figure
+Each module implements KernelFamily (checked by tests/test_registry.py); which backends serve it is the
+backend registry's (suite/backends/registry.py), and the kernel kind runs the numpy_ref backend itself.
 """
 from __future__ import annotations
 
 import importlib
 from types import ModuleType
+from typing import Callable, Protocol
 
-from kdbench.shapes import FAMILY_BACKENDS  # noqa: F401  (re-exported: the one list of backends)
+from kdbench.backends import registry
+from kdbench.check import CheckResult
+from kdbench.config import Case, Tolerance
 
-FAMILIES = ("tree_build", "tree_verify_mla", "tree_accept", "kv_compact")
+FAMILIES = registry.FAMILIES
 
+
+class KernelFamily(Protocol):
+    """The contract of a family module (functions at module level). `case` is a config.Case whose `shape` is
+    the family's shapes.*Shape; inputs are numpy arrays (bf16 cases hold bf16-representable values in float32);
+    backends here are device backends, never numpy_ref (the kernel kind calls reference() for it)."""
+
+    def make_inputs(self, case: Case, seed: int) -> dict:
+        """Fresh random inputs of the case (numpy; a family may cache device copies in inputs["_device"])."""
+
+    def reference(self, inputs: dict, case: Case) -> dict:
+        """The float64 / int64 truth the backends are checked against."""
+
+    def reference_for(self, backend: str, inputs: dict, case: Case) -> dict | None:
+        """The truth for a backend that does less work than the case (registry same_work=False); None: the
+        case's reference."""
+
+    def unsupported(self, backend: str, case: Case) -> str | None:
+        """Why this backend cannot run this case (dtype, shape, tree), or None."""
+
+    def run(self, backend: str, inputs: dict, case: Case, device: str) -> dict:
+        """One fresh run of the backend -> numpy outputs with the reference's keys (a subset where checked)."""
+
+    def timed(self, backend: str, inputs: dict, case: Case, device: str) -> Callable[[], object]:
+        """The zero-argument call that is timed, on inputs already resident on the device."""
+
+    def outputs(self, backend: str, result: object, inputs: dict, case: Case) -> dict | None:
+        """What one timed call returned -> run()'s numpy outputs, for the check after timing; None when a
+        repeated call cannot give the checked result (in-place work: kv_compact)."""
+
+    def check(self, got: dict, want: dict, tol: Tolerance) -> CheckResult:
+        """The worst comparison over the output arrays."""
+
+    def bytes_moved(self, case: Case, inputs: dict) -> float:
+        """Bytes read + written: the napkin math behind the memory floor."""
+
+    def flops(self, case: Case, inputs: dict) -> float:
+        """Floating-point operations: the napkin math behind the compute floor."""
 
 
 def get(family: str) -> ModuleType:
     if family not in FAMILIES:
         raise KeyError(f"unknown kernel family {family!r}; valid: {', '.join(FAMILIES)}")
     return importlib.import_module(f"kdbench.families.{family}")
-
-
-def backend_available(backend: str, device: str) -> tuple[bool, str]:
-    """(available, reason when not). numpy_ref runs anywhere; torch* on the run's device; cuda needs the
-    built extension and a GPU."""
-    if backend == "numpy_ref":
-        return True, ""
-    if backend.startswith("torch"):
-        return True, ""
-    if backend == "cpu_heap":
-        try:
-            import kdbench._cpu_heap  # noqa: F401  (built by pip install from csrc/tree_build_cpu.cpp)
-        except ImportError as exc:
-            return False, f"the C++ heap extension is not built ({exc}); run pip install -e ."
-        return True, ""
-    if backend in ("cuda", "cuda_mma"):
-        if device != "cuda":
-            return False, f"the {backend} backend needs --device cuda (a CUDA GPU)"
-        from kdbench.backends import cuda_build
-        reason = cuda_build.unavailable_reason()
-        return (reason is None), (reason or "")
-    return False, f"unknown backend {backend!r}"

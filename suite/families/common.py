@@ -135,16 +135,3 @@ def check_outputs(got: dict, want: dict, tol: Tolerance, exact_keys: tuple[str, 
         results.append(res)
     return merge(results)
 
-
-def backend_module(backend: str):
-    """The module implementing a stage backend: torch ops or the CUDA extension wrappers."""
-    if backend == "torch":
-        from kdbench.backends import torch_ops
-        return torch_ops
-    if backend == "cuda":
-        from kdbench.backends import cuda_ext
-        return cuda_ext
-    if backend == "cpu_heap":
-        from kdbench.backends import cpu_heap
-        return cpu_heap
-    raise KeyError(f"no stage module for backend {backend!r}")

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import numpy as np
 
+from kdbench.backends import registry
 from kdbench.families import common
 from kdbench.references import tree_accept as ref
 from kdbench.references import tree_build
 
-BACKENDS = ("numpy_ref", "torch", "cuda")
 EXACT = ("accepted", "accept_len", "bonus")
 
 
@@ -63,16 +63,15 @@ def reference(inputs: dict, case) -> dict:
 
 
 def run(backend: str, inputs: dict, case, device: str) -> dict:
-    if backend == "numpy_ref":
-        return reference(inputs, case)
-    res = timed(backend, inputs, case, device)()
+    return outputs(backend, timed(backend, inputs, case, device)(), inputs, case)
+
+
+def outputs(backend: str, res, inputs: dict, case) -> dict:
     return {k: common.to_numpy(getattr(res, k)).astype(np.int64) for k in EXACT}
 
 
 def timed(backend: str, inputs: dict, case, device: str):
-    if backend == "numpy_ref":
-        return lambda: reference(inputs, case)
-    module = common.backend_module(backend)
+    entry = registry.get(backend)
     t = {k: common.to_torch(inputs[k], device) for k in ("tokens", "n_nodes")}
     for k in ("first_child", "next_sibling"):
         t[k] = common.to_torch(inputs[k].astype(np.int32), device)
@@ -80,10 +79,20 @@ def timed(backend: str, inputs: dict, case, device: str):
     depth = case.shape.depth
     if case.shape.mode == "greedy":
         target = common.to_torch(inputs["target_tokens"], device)
-        return lambda: module.tree_accept_greedy(*args, target, depth)
+        accept = entry.op("tree_accept_greedy")
+        return lambda: accept(*args, target, depth)
     probs = common.to_torch(inputs["target_probs"], device, "float32")
     uniforms = common.to_torch(inputs["uniforms"], device)
-    return lambda: module.tree_accept_sampled(*args, probs, uniforms, depth)
+    accept = entry.op("tree_accept_sampled")
+    return lambda: accept(*args, probs, uniforms, depth)
+
+
+def unsupported(backend: str, case) -> str | None:
+    return None
+
+
+def reference_for(backend: str, inputs: dict, case) -> dict | None:
+    return None
 
 
 def check(got: dict, want: dict, tol):

@@ -13,12 +13,12 @@ from __future__ import annotations
 
 import numpy as np
 
+from kdbench.backends import registry
 from kdbench.check import merge
 from kdbench.config import Tolerance
 from kdbench.families import common
 from kdbench.references import tree_build as ref
 
-BACKENDS = ("numpy_ref", "torch", "cpu_heap", "cuda")
 EXACT = ("tokens", "parents", "depths", "first_child", "next_sibling", "n_nodes", "anc")
 TOPK = ("top_lp", "top_tok")        # [B, L, K]: K = min(budget, V), the columns the builder can use
 TOPK_LP_TOL = Tolerance(rtol=1e-6, atol=1e-5)   # float32 x - lse against float64 (lse ~ 10: 1e-6 of it)
@@ -75,9 +75,11 @@ def trees_from_topk(top_lp, top_tok, budgets, roots, n: int) -> dict:
 
 
 def run(backend: str, inputs: dict, case, device: str) -> dict:
-    if backend == "numpy_ref":
-        return reference(inputs, case)
-    tree = timed(backend, inputs, case, device)()
+    return outputs(backend, timed(backend, inputs, case, device)(), inputs, case)
+
+
+def outputs(backend: str, tree, inputs: dict, case) -> dict:
+    """A timed call's TreeBatch -> the checked numpy arrays."""
     out = {k: common.to_numpy(getattr(tree, k)).astype(np.int64) for k in EXACT if k != "anc"}
     out["anc"] = common.to_numpy(tree.anc).view(np.uint64)
     k = _k(case)
@@ -88,14 +90,20 @@ def run(backend: str, inputs: dict, case, device: str) -> dict:
 
 
 def timed(backend: str, inputs: dict, case, device: str):
-    if backend == "numpy_ref":
-        return lambda: reference(inputs, case)
-    module = common.backend_module(backend)
+    build = registry.get(backend).op("tree_build")
     logits = common.to_torch(inputs["logits"], device, common.run_dtype(case.dtype))
     budgets = common.to_torch(inputs["budgets"], device)
     roots = common.to_torch(inputs["root_tokens"], device)
     past = common.to_torch(inputs["past_lens"], device)
-    return lambda: module.tree_build(logits, budgets, roots, past, case.shape.budget)
+    return lambda: build(logits, budgets, roots, past, case.shape.budget)
+
+
+def unsupported(backend: str, case) -> str | None:
+    return None
+
+
+def reference_for(backend: str, inputs: dict, case) -> dict | None:
+    return None
 
 
 def check(got: dict, want: dict, tol):

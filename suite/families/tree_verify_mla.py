@@ -1,8 +1,10 @@
 """tree_verify_mla family: absorbed MLA attention of T tree nodes x H heads per request over the latent
 cache (prefix + tree block) under the ancestor mask.
 
-Backends: numpy_ref, torch (eager matmul + masked softmax), torch_sdpa (boolean mask), torch_twopass
-(prefix + tree block + LSE merge), cuda (the fused kernel: wgmma on sm_90) and cuda_mma (its mma.sync path).
+Backends (suite/backends/registry.py): numpy_ref, torch (eager matmul + masked softmax), torch_sdpa (boolean
+mask), torch_twopass (prefix + tree block + LSE merge), cuda (the fused kernel: wgmma on sm_90), cuda_mma (its
+mma.sync path) and the FlashInfer peers (flashinfer_cascade, flashinfer_prefix: less work, flashinfer_causal:
+chain trees).
 The float64 reference checks every request and head of small cases (all validation cases) and the first and
 last request x heads {0, 1, H-2, H-1} of big benchmark shapes (_checked), on host threads.
 """
@@ -10,13 +12,13 @@ from __future__ import annotations
 
 import numpy as np
 
-from kdbench.backends import mla_baselines
+from kdbench.backends import registry
 from kdbench.families import common
 from kdbench.references import tree_verify_mla as ref
+from kdbench.references.mla import attention_absorbed
 from kdbench.references.model_config import get_preset
 
-BACKENDS = ("numpy_ref", "torch", "torch_sdpa", "torch_twopass", "cuda", "cuda_mma")
-KERNEL_IMPL = {"cuda": "auto", "cuda_mma": "mma"}   # backend -> the kernel's impl argument
+BF16_ONLY = ("ours", "peer")   # roles whose kernels read bf16 caches of the 512 + 64 latent only
 SCALE = get_preset("kimi-k2").softmax_scale
 REFERENCE_WORK = 250_000_000   # (row, key) pairs above which the reference checks a subset (_checked)
 CHECK_ROWS = 150_000           # output rows x comparisons above which it checks a subset (_checked)
@@ -49,11 +51,15 @@ def _tree_visibility(t: int, kind: str, rng) -> np.ndarray:
 
 
 def unsupported(backend: str, case) -> str | None:
-    """The kernel reads bf16 only; a float32 case would hold it to float32 tolerances it cannot meet."""
-    if backend in KERNEL_IMPL and case.dtype != "bfloat16":
-        return "the cuda kernel takes bfloat16 inputs; run this case with dtype: bfloat16"
-    if backend in KERNEL_IMPL and (case.shape.kv_lora, case.shape.rope) != (512, 64):
-        return "the cuda kernel is built for kv_lora 512 + rope 64"
+    """Our kernel and the peers read bf16 only (a float32 case would hold them to float32 tolerances they
+    cannot meet) at the DeepSeek latent width; flashinfer_causal's mask is a chain's."""
+    s = case.shape
+    if registry.role(backend) in BF16_ONLY and case.dtype != "bfloat16":
+        return f"{backend} takes bfloat16 inputs; run this case with dtype: bfloat16"
+    if registry.role(backend) in BF16_ONLY and (s.kv_lora, s.rope) != (512, 64):
+        return f"{backend} is built for kv_lora 512 + rope 64"
+    if backend == "flashinfer_causal" and (s.tree != "chain" or s.padding):
+        return "flashinfer_causal computes a causal mask: chain trees without padding rows only"
     return None
 
 
@@ -78,16 +84,33 @@ def reference(inputs: dict, case) -> dict:
     (numpy releases the GIL): the loop of ref.tree_verify_mla_batch, split so a 16-core host runs it in
     parallel. Heads are independent rows of the reference, so the split changes no value beyond float64
     rounding. Returns o_lat [R, T, h, dc] float64 and lse [R, T, h] for the R checked requests, h heads."""
-    reqs, heads = _checked(case)
-    chunks = [heads[i:i + HEAD_CHUNK] for i in range(0, len(heads), HEAD_CHUNK)]
     anc = ref.unpack_anc_bits(inputs["anc"], case.shape.nodes)           # [B, T, T] bool
 
-    def one(unit):
-        b, hs = unit
+    def one(b, hs):
         return ref.tree_verify_mla(inputs["q"][b][:, hs], inputs["kv"][b], int(inputs["past_lens"][b]), anc[b],
                                    SCALE, kv_lora_rank=case.shape.kv_lora)
+    return _per_chunk(one, case)
 
-    parts = common.parallel_map(one, [(b, hs) for b in reqs for hs in chunks], blas=True)
+
+def reference_for(backend: str, inputs: dict, case) -> dict | None:
+    """flashinfer_prefix attends to the committed prefix only: its truth is every row over [0, past_len)."""
+    if registry.get(backend).same_work:
+        return None
+    dc = case.shape.kv_lora
+
+    def one(b, hs):
+        q = inputs["q"][b][:, hs].astype(np.float64)                       # [T, h, 576]
+        kv = inputs["kv"][b][:int(inputs["past_lens"][b])].astype(np.float64)
+        visible = np.ones((q.shape[0], len(kv)), dtype=bool)
+        return attention_absorbed(q[..., :dc], q[..., dc:], kv[:, :dc], kv[:, dc:], visible, SCALE)
+    return _per_chunk(one, case)
+
+
+def _per_chunk(one, case) -> dict:
+    """one(request, heads) -> (o [T, h, dc], lse [T, h]) over the checked requests and HEAD_CHUNK head chunks."""
+    reqs, heads = _checked(case)
+    chunks = [heads[i:i + HEAD_CHUNK] for i in range(0, len(heads), HEAD_CHUNK)]
+    parts = common.parallel_map(lambda unit: one(*unit), [(b, hs) for b in reqs for hs in chunks], blas=True)
     per_req = [parts[i:i + len(chunks)] for i in range(0, len(parts), len(chunks))]
     o = np.stack([np.concatenate([p[0] for p in r], axis=1) for r in per_req])
     lse = np.stack([np.concatenate([p[1] for p in r], axis=1) for r in per_req])
@@ -95,11 +118,14 @@ def reference(inputs: dict, case) -> dict:
 
 
 def run(backend: str, inputs: dict, case, device: str) -> dict:
-    if backend == "numpy_ref":
-        return reference(inputs, case)
     s = case.shape
     common.poison_allocator(device, s.batch * s.nodes * s.heads * (s.kv_lora * 2 + 4))
-    o, lse = timed(backend, inputs, case, device)()
+    return outputs(backend, timed(backend, inputs, case, device)(), inputs, case)
+
+
+def outputs(backend: str, result, inputs: dict, case) -> dict:
+    """A timed call's (o_lat, lse | None) -> the checked requests and heads, as numpy."""
+    o, lse = result
     reqs, heads = _checked(case)
     out = {"o_lat": common.to_numpy(o[reqs][:, :, heads])}   # slice on the device, copy the subset
     if lse is not None:                          # torch SDPA does not return the LSE
@@ -108,15 +134,10 @@ def run(backend: str, inputs: dict, case, device: str) -> dict:
 
 
 def timed(backend: str, inputs: dict, case, device: str):
-    if backend == "numpy_ref":
-        return lambda: reference(inputs, case)
-    dtype = "bfloat16" if backend in KERNEL_IMPL else (common.run_dtype(case.dtype))
+    """The registry's op prepares once (a peer's paged copy and plan()) and returns the timed call."""
+    dtype = "bfloat16" if registry.role(backend) in BF16_ONLY else common.run_dtype(case.dtype)
     q, kv, past, anc = _on_device(inputs, device, dtype)
-    if backend in KERNEL_IMPL:
-        from kdbench.backends import cuda_ext
-        return lambda: cuda_ext.tree_verify_mla(q, kv, past, anc, SCALE, KERNEL_IMPL[backend])
-    fn = mla_baselines.BASELINES[backend]
-    return lambda: fn(q, kv, past, anc, SCALE, case.shape.kv_lora)
+    return registry.get(backend).op("tree_verify_mla")(q, kv, past, anc, SCALE, case.shape.kv_lora)
 
 
 def _on_device(inputs: dict, device: str, dtype: str) -> tuple:

@@ -11,6 +11,7 @@ from typing import NamedTuple
 
 import torch
 
+from kdbench.backends import registry
 from kdbench.references.model import init_weights as _np_init_weights
 from kdbench.references.model_config import ModelConfig
 
@@ -20,7 +21,7 @@ from .mla import (DEFAULT_OPS, HALF, attention_absorbed, attention_cuda, attenti
 from .moe import DISPATCH_MODES, moe_forward, swiglu
 from .weights import check_weights, from_numpy, init_weights
 
-ATTN_BACKENDS = ("torch", "cuda")
+ATTN_BACKENDS = registry.for_kind("e2e")   # the verify / decode attention follows the stage backend
 
 
 @dataclass

@@ -1,0 +1,138 @@
+"""The one list of backends: what each is (ours, a peer, a baseline, the reference), what it serves, what it
+needs, and why it is unavailable. Config validation, availability, dispatch, gating, speedup columns, report
+labels, the engine's stages and the model's attention all read it. Adding a backend = one entry + its module.
+"""
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from typing import Callable, Literal
+
+Role = Literal["ours", "peer", "baseline", "reference"]
+FAMILIES = ("tree_build", "tree_verify_mla", "tree_accept", "kv_compact")
+GENERATION_KINDS = ("acceptance", "e2e", "topology")   # kinds whose backends are the engine's stage backends
+
+
+@dataclass(frozen=True)
+class Backend:
+    """One backend. Its module implements, per family it serves, functions named after the family's ops
+    (suite/families/__init__.py states their signatures): tree_build; tree_accept_greedy and
+    tree_accept_sampled; kv_compact; tree_verify_mla, which prepares once (a peer's plan(), its paged copy)
+    and returns the zero-argument call that is timed. `ops` points an op elsewhere ("module:function")."""
+    name: str
+    role: Role
+    families: tuple[str, ...]            # kernel families it implements
+    kinds: tuple[str, ...]               # scenario kinds it serves ("kernel" when it has families)
+    device: Literal["any", "cuda"]       # "any": the run's device (cpu or cuda); "cuda": needs a CUDA GPU
+    module: str                          # dotted module path ("" for the reference: the family's own code)
+    label: str                           # a few words for report tables and `kdbench list`
+    why_unavailable: Callable[[], str | None] = lambda: None   # beyond the device: a missing build or package
+    ops: tuple[tuple[str, str], ...] = ()   # (op, "module:function") where it is not module.<op>
+    same_work: bool = True               # False: computes less than the case asks (never "the best peer")
+
+    def unavailable(self, device: str) -> str | None:
+        """Why this backend cannot run on `device` here, or None."""
+        if self.device == "cuda" and device != "cuda":
+            return f"the {self.name} backend needs --device cuda (a CUDA GPU)"
+        return self.why_unavailable()
+
+    def op(self, name: str) -> Callable:
+        """The function implementing op `name` (imports the module: only call when the backend is available)."""
+        where = dict(self.ops).get(name)
+        if where is None:
+            if not self.module:
+                raise KeyError(f"backend {self.name!r} has no module (the reference runs in the family's code)")
+            return getattr(importlib.import_module(self.module), name)
+        module, _, function = where.partition(":")
+        return getattr(importlib.import_module(module), function)
+
+
+def _cuda_extension() -> str | None:
+    from kdbench.backends import cuda_build   # noqa: PLC0415  (imports torch's extension tooling)
+    return cuda_build.unavailable_reason()
+
+
+def _cpu_heap() -> str | None:
+    try:
+        importlib.import_module("kdbench._cpu_heap")   # built by pip install from csrc/tree_build_cpu.cpp
+    except ImportError as exc:
+        return f"the C++ heap extension is not built ({exc}); run pip install -e ."
+    return None
+
+
+def _flashinfer() -> str | None:
+    from kdbench.backends import flashinfer_mla   # noqa: PLC0415  (imports flashinfer only when asked)
+    return flashinfer_mla.unavailable_reason()
+
+
+_GEN = ("kernel", *GENERATION_KINDS)
+_MLA = ("tree_verify_mla",)
+_B = "kdbench.backends."
+_VERIFY = "tree_verify_mla"
+ENTRIES = (
+    Backend("numpy_ref", "reference", FAMILIES, ("kernel",), "any", "", "float64 numpy reference"),
+    Backend("torch", "baseline", FAMILIES, _GEN, "any", _B + "torch_ops", "torch eager",
+            ops=((_VERIFY, _B + "mla_baselines:prepare_eager"),)),
+    Backend("torch_sdpa", "baseline", _MLA, ("kernel",), "any", "", "torch SDPA, bool mask",
+            ops=((_VERIFY, _B + "mla_baselines:prepare_sdpa"),)),
+    Backend("torch_twopass", "baseline", _MLA, ("kernel",), "any", "", "torch prefix + tree block, LSE merge",
+            ops=((_VERIFY, _B + "mla_baselines:prepare_twopass"),)),
+    Backend("cpu_heap", "baseline", ("tree_build",), ("kernel",), "any", _B + "cpu_heap",
+            "torch top-K + C++ host heap", _cpu_heap),
+    Backend("cuda", "ours", FAMILIES, _GEN, "cuda", _B + "cuda_ext", "kdbench CUDA kernels", _cuda_extension,
+            ops=((_VERIFY, _B + "cuda_ext:prepare_tree_verify_mla"),)),
+    Backend("cuda_mma", "ours", _MLA, ("kernel",), "cuda", "", "kdbench kernel, mma.sync path",
+            _cuda_extension, ops=((_VERIFY, _B + "cuda_ext:prepare_tree_verify_mla_mma"),)),
+    Backend("flashinfer_cascade", "peer", _MLA, ("kernel",), "cuda", "",
+            "FlashInfer MLA over the prefix + torch tree block + merge_state", _flashinfer,
+            ops=((_VERIFY, _B + "flashinfer_mla:prepare_cascade"),)),
+    Backend("flashinfer_prefix", "peer", _MLA, ("kernel",), "cuda", "",
+            "FlashInfer MLA over the prefix only: does less work (no tree block)", _flashinfer,
+            ops=((_VERIFY, _B + "flashinfer_mla:prepare_prefix"),), same_work=False),
+    Backend("flashinfer_causal", "peer", _MLA, ("kernel",), "cuda", "",
+            "FlashInfer MLA, causal over prefix + chain (chain trees only)", _flashinfer,
+            ops=((_VERIFY, _B + "flashinfer_mla:prepare_causal"),)),
+)
+BACKENDS = {b.name: b for b in ENTRIES}
+
+
+def get(name: str) -> Backend:
+    if name not in BACKENDS:
+        raise KeyError(f"unknown backend {name!r}; valid: {', '.join(BACKENDS)}")
+    return BACKENDS[name]
+
+
+def for_family(family: str) -> tuple[str, ...]:
+    """Backends a kernel family's cases may name, in registry order."""
+    return tuple(b.name for b in ENTRIES if family in b.families)
+
+
+def for_kind(kind: str) -> tuple[str, ...]:
+    """Backends a generation kind's cases may name (the engine's stage backends)."""
+    return tuple(b.name for b in ENTRIES if kind in b.kinds)
+
+
+def names(role: Role) -> tuple[str, ...]:
+    return tuple(b.name for b in ENTRIES if b.role == role)
+
+
+def role(name: str) -> str:
+    """The role of a backend; '' for a name the registry does not know (records of an older kdbench)."""
+    return BACKENDS[name].role if name in BACKENDS else ""
+
+
+def available(name: str, device: str) -> tuple[bool, str]:
+    """(available, the reason when not) for a backend on the run's device."""
+    if name not in BACKENDS:
+        return False, f"unknown backend {name!r}"
+    reason = BACKENDS[name].unavailable(device)
+    return reason is None, reason or ""
+
+
+def gates(kind: str, backend: str) -> bool:
+    """Whether a slower timing of this row fails a compare: our kernels (role ours) in kernel scenarios and
+    every engine row (acceptance, e2e). Baselines and peers are context: host-bound baselines move with the
+    machine's CPU (an H200 A/A nightly pair moved them by up to 1.8x), and a peer's speed is not our change."""
+    if backend == "numpy_ref":
+        return False
+    return kind != "kernel" or role(backend) == "ours"
