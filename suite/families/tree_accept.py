@@ -66,8 +66,8 @@ def run(backend: str, inputs: dict, case, device: str) -> dict:
     return outputs(backend, timed(backend, inputs, case, device)(), inputs, case)
 
 
-def outputs(backend: str, res, inputs: dict, case) -> dict:
-    return {k: common.to_numpy(getattr(res, k)).astype(np.int64) for k in EXACT}
+def outputs(backend: str, result, inputs: dict, case) -> dict:
+    return {k: common.to_numpy(getattr(result, k)).astype(np.int64) for k in EXACT}
 
 
 def timed(backend: str, inputs: dict, case, device: str):

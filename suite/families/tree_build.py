@@ -78,8 +78,9 @@ def run(backend: str, inputs: dict, case, device: str) -> dict:
     return outputs(backend, timed(backend, inputs, case, device)(), inputs, case)
 
 
-def outputs(backend: str, tree, inputs: dict, case) -> dict:
+def outputs(backend: str, result, inputs: dict, case) -> dict:
     """A timed call's TreeBatch -> the checked numpy arrays."""
+    tree = result
     out = {k: common.to_numpy(getattr(tree, k)).astype(np.int64) for k in EXACT if k != "anc"}
     out["anc"] = common.to_numpy(tree.anc).view(np.uint64)
     k = _k(case)

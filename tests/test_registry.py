@@ -1,0 +1,160 @@
+"""The backend registry: every entry resolves to real functions for the families it serves, every family
+module implements the KernelFamily contract, and adding a backend is one entry + a module: a planted entry
+is accepted by the scenario loader, dispatched by the kernel kind, checked, timed in ABBA rounds, and a
+backend that skips work on repeated calls fails the check of its timed outputs."""
+from __future__ import annotations
+
+import inspect
+import sys
+import types
+
+import pytest
+import torch
+
+from kdbench import config, families, timing
+from kdbench.backends import registry, torch_ops
+from kdbench.families import KernelFamily
+from kdbench.regress import gates
+
+OPS = {"tree_build": ("tree_build",), "tree_accept": ("tree_accept_greedy", "tree_accept_sampled"),
+       "kv_compact": ("kv_compact",), "tree_verify_mla": ("tree_verify_mla",)}
+
+
+@pytest.mark.parametrize("entry", registry.ENTRIES, ids=lambda e: e.name)
+def test_every_entry_resolves_its_ops(entry):
+    if entry.name == "numpy_ref":
+        assert entry.role == "reference"
+        return
+    if entry.name == "cpu_heap" and entry.why_unavailable():
+        pytest.skip(entry.why_unavailable())
+    for family in entry.families:
+        for op in OPS[family]:
+            assert callable(entry.op(op)), (entry.name, op)
+
+
+@pytest.mark.parametrize("family", families.FAMILIES)
+def test_family_modules_implement_the_protocol(family):
+    module = families.get(family)
+    for name, proto in inspect.getmembers(KernelFamily, inspect.isfunction):
+        if name.startswith("_"):
+            continue
+        fn = getattr(module, name, None)
+        assert callable(fn), f"{family}.{name} missing"
+        want = [p for p in inspect.signature(proto).parameters if p != "self"]
+        assert list(inspect.signature(fn).parameters) == want, f"{family}.{name}"
+
+
+def test_roles_and_gating():
+    assert registry.names("ours") == ("cuda", "cuda_mma")
+    assert set(registry.names("peer")) == {"flashinfer_cascade", "flashinfer_prefix", "flashinfer_causal"}
+    assert gates("kernel", "cuda") and gates("e2e", "torch") and gates("acceptance", "cuda")
+    assert not gates("kernel", "torch") and not gates("kernel", "flashinfer_cascade")
+    assert not gates("kernel", "numpy_ref") and not gates("kernel", "an_old_backend")
+    assert registry.for_kind("e2e") == ("torch", "cuda")
+    assert "flashinfer_cascade" in registry.for_family("tree_verify_mla")
+    assert "flashinfer_cascade" not in registry.for_family("tree_build")
+
+
+def test_unavailable_reasons_on_cpu():
+    ok, why = registry.available("flashinfer_cascade", "cpu")
+    assert not ok and "--device cuda" in why
+    ok, why = registry.available("cuda", "cpu")
+    assert not ok and "--device cuda" in why
+    assert registry.available("torch", "cpu") == (True, "")
+    assert registry.available("nope", "cpu") == (False, "unknown backend 'nope'")
+
+
+def test_missing_flashinfer_says_how_to_install(monkeypatch):
+    from kdbench.backends import flashinfer_mla
+    monkeypatch.setitem(sys.modules, "flashinfer", None)   # import flashinfer raises ImportError
+    assert "kdbench[peers]" in flashinfer_mla.unavailable_reason()
+
+
+def test_round_orders_alternate():
+    assert timing.round_orders(["a", "b", "c"], 4) == [["a", "b", "c"], ["c", "b", "a"], ["a", "b", "c"],
+                                                      ["c", "b", "a"]]
+
+
+def test_rounds_interleave_keep_first_and_last_outputs_and_drop_a_failure():
+    calls: list[str] = []
+    count = {"a": 0}
+
+    def a():
+        calls.append("a")
+        count["a"] += 1
+        return count["a"]
+
+    def boom():
+        raise RuntimeError("no")
+
+    res = timing.rounds({"a": timing.Contender(a, "cpu"), "b": timing.Contender(lambda: calls.append("b"), "cpu"),
+                         "x": timing.Contender(boom, "cpu")}, warmup=0, repeat=7, n_rounds=4, keep_outputs=True)
+    assert len(res["a"].samples_s) == 7 and len(res["b"].samples_s) == 7
+    assert isinstance(res["x"], RuntimeError)
+    assert res["a"].outputs == [1, 7]
+    assert "".join(calls) == "aabb" + "bbaa" + "aabb" + "ba"   # 2, 2, 2, 1 samples per round, ABBA order
+
+
+# ---------------------------------------------------------------------------------------------- one entry
+
+def _tree_accept_case(backends) -> str:
+    return f"""name: planted
+kind: kernel
+seed: 3
+cases:
+  - name: accept
+    family: tree_accept
+    backends: {backends}
+    shape: {{batch: 3, budget: 9, vocab: 11, depth: 4}}
+    trials: 2
+    timing: {{warmup: 1, repeat: 4}}
+"""
+
+
+@pytest.fixture
+def planted(monkeypatch):
+    """Adds backends `honest` (torch_ops) and `lazy` (right on a fresh input, wrong on a repeated call of the
+    same tensors: the shape of a kernel that is fast because it skips work) as registry entries."""
+    module = types.ModuleType("kdbench_planted")
+    seen: set[int] = set()
+
+    def lazy(tokens, first_child, next_sibling, n_nodes, target, depth):
+        res = torch_ops.tree_accept_greedy(tokens, first_child, next_sibling, n_nodes, target, depth)
+        if id(tokens) in seen:
+            res.accept_len.zero_()
+        seen.add(id(tokens))
+        return res
+
+    module.tree_accept_greedy, module.tree_accept_sampled = lazy, torch_ops.tree_accept_sampled
+    monkeypatch.setitem(sys.modules, "kdbench_planted", module)
+    extra = (registry.Backend("honest", "peer", ("tree_accept",), ("kernel",), "any", "kdbench.backends.torch_ops",
+                              "torch ops under another name"),
+             registry.Backend("lazy", "ours", ("tree_accept",), ("kernel",), "any", "kdbench_planted", "skips work"))
+    monkeypatch.setattr(registry, "ENTRIES", registry.ENTRIES + extra)
+    monkeypatch.setattr(registry, "BACKENDS", {**registry.BACKENDS, **{b.name: b for b in extra}})
+
+
+def _run(tmp_path, text):
+    from kdbench import runner
+    path = tmp_path / "planted.yaml"
+    path.write_text(text)
+    return {r.backend: r for r in runner.run_scenarios([str(path)], str(tmp_path / "run"), "cpu",
+                                                       progress=False).records}
+
+
+def test_a_planted_entry_is_validated_dispatched_and_timed(planted, tmp_path):
+    recs = _run(tmp_path, _tree_accept_case("[torch, honest]"))
+    assert recs["honest"].status == "pass" and recs["honest"].n_samples == 4
+    assert recs["honest"].trials == 4     # 2 trials + the first and the last timed call
+
+
+def test_a_backend_that_skips_work_when_repeated_fails_after_timing(planted, tmp_path):
+    recs = _run(tmp_path, _tree_accept_case("[lazy]"))
+    assert recs["lazy"].status == "fail", recs["lazy"].reason
+
+
+def test_an_unknown_backend_is_refused_with_the_registry_list(tmp_path):
+    path = tmp_path / "bad.yaml"
+    path.write_text(_tree_accept_case("[nope]"))
+    with pytest.raises(config.ScenarioError, match="expected one of numpy_ref, torch, cuda"):
+        config.load(path)
