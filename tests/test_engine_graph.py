@@ -9,12 +9,12 @@ import numpy as np
 import pytest
 import torch
 
-from kdbench.engine.engine import generate
-from kdbench.engine.graph import GraphUnavailable, StepGraph, _prepare, capture_step, time_step_eager_vs_graph
+from kdbench.engine.engine import Request, generate, greedy_oracle, prepare
+from kdbench.engine.graph import GraphUnavailable, StepGraph, capture_step, time_step_eager_vs_graph
 from kdbench.engine.stages import Policy
 from kdbench.model.drafter import BlockDrafter
 from kdbench.model.presets import get_preset
-from kdbench.model.synthetic import SyntheticDrafter, greedy_oracle
+from kdbench.model.synthetic import SyntheticDrafter
 from kdbench.model.transformer import Transformer
 
 GPU_REASON = "needs a CUDA GPU and the kdbench_cuda extension"
@@ -66,7 +66,7 @@ def _eager_graph(world, temperature: float):
     """A StepGraph without a graph (CPU, torch backend): the same step wrapper, buffers and snapshots."""
     model, prompts, oracle = world
     drafter = SyntheticDrafter(oracle, model.cfg.vocab_size, quality=0.6, rank_probs=(0.6, 0.4), seed=3)
-    run, st = _prepare(model, drafter, prompts, Policy("ddtree", 8), "torch", 12, temperature, 7)
+    run, st = prepare(Request(model, drafter, prompts, 12, Policy("ddtree", 8), temperature, 7, "torch"))
     gens = (drafter.gen, run.sampler.gen)
     return StepGraph(run, st, run.max_len, graph=None, tau=None, tree_size=None, steps_left=None, generators=gens)
 

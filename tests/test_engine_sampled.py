@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 import torch
 
-from kdbench.engine.engine import generate
+from kdbench.engine.engine import generate, greedy_oracle
 from kdbench.engine.stages import Policy
 from kdbench.model.presets import get_preset
-from kdbench.model.synthetic import SyntheticDrafter, greedy_oracle
+from kdbench.model.synthetic import SyntheticDrafter
 from kdbench.model.transformer import Transformer
 
 

@@ -1,5 +1,7 @@
 """generate(): batched prefill, then AR decode or speculative steps (draft -> build -> verify -> accept ->
 compact -> commit) over fixed-shape device tensors; termination is checked on the host between steps.
+prepare(Request) -> (Plan, EngineState) and step(plan, state, timer, kv_limit) are the public pieces that
+generate() and CUDA-graph capture (graph.py) share.
 
 A speculative step runs ONE target forward over the flattened, padded trees of the whole batch. Inside a
 step nothing reads device values on the host (no .item / .tolist / nonzero / boolean indexing), except
@@ -8,6 +10,7 @@ captured as a CUDA graph (one per kv_limit bucket). See plans/0003-engine.md.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 import numbers
 import time
@@ -26,8 +29,21 @@ KV_BUCKET = 64  # kv_limit (keys the torch attention scans) is rounded up to thi
 
 
 @dataclass(frozen=True)
-class _Run:
-    """The fixed parts of one generate() call."""
+class Request:
+    """One generation: what generate() and graph.capture_step are asked for. drafter None for policy "ar"."""
+    model: Transformer
+    drafter: object | None
+    prompts: list[list[int]]
+    max_new_tokens: int
+    policy: Policy
+    temperature: float = 0.0
+    seed: int = 0
+    backend: str = "torch"     # a stage backend of the registry (suite/backends/registry.py)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The fixed parts of one generation, derived from its Request."""
     model: Transformer
     drafter: object | None
     policy: Policy
@@ -50,25 +66,21 @@ def generate(model: Transformer, drafter, prompts: list[list[int]], max_new_toke
     Raises ValueError on bad arguments (empty prompts, tokens outside the vocabulary, a missing
     drafter, sequences beyond the model's max_seq_len, a negative temperature).
     """
-    _validate(model, drafter, prompts, max_new_tokens, policy, temperature)
+    req = Request(model, drafter, prompts, max_new_tokens, policy, temperature, seed, backend)
+    _validate(req)
     result = GenerateResult(tokens=[[] for _ in prompts], policy=policy.label, temperature=float(temperature),
                             drafter=getattr(drafter, "name", "") if policy.kind != "ar" else "", backend=backend)
     if max_new_tokens == 0:
         return result
-    run = _plan(model, drafter, prompts, max_new_tokens, policy, temperature, seed, backend)
-    state = EngineState.allocate(model.new_cache(len(prompts), run.max_len), max_new_tokens,
-                                 slack=2 * (run.depth + 1), budget=policy.nodes(run.depth))
-    t0 = time.perf_counter_ns()
-    _prefill(run, state, prompts)
-    result.prefill_ns = _sync_ns(model.device, t0)
-    step_fn = _ar_step if policy.kind == "ar" else _spec_step
+    plan, state = prepare(req, validated=True)
+    result.prefill_ns, result.attention = state.prefill_ns, plan.stages.attn
     while True:
         done, lengths = state.done.tolist(), state.cache.lengths.tolist()  # the between-steps host read
         if all(done):
             break
-        kv_limit = min(run.max_len, KV_BUCKET * math.ceil((max(lengths) + run.rows) / KV_BUCKET))
+        kv_limit = min(plan.max_len, KV_BUCKET * math.ceil((max(lengths) + plan.rows) / KV_BUCKET))
         timer = StageTimer(model.device)
-        tau, size = step_fn(run, state, timer, kv_limit)
+        tau, size = step(plan, state, timer, kv_limit)
         stage_ns = timer.finish()
         tau, size = tau.tolist(), size.tolist()
         result.steps.append(StepRecord(len(result.steps), tuple(tau), tuple(max(t - 1, 0) for t in tau),
@@ -91,9 +103,40 @@ def target_from_preset(name: str, seed: int, device="cpu", dtype=torch.bfloat16,
     return Transformer.random(cfg, seed, device, dtype, **kw)
 
 
+def greedy_oracle(model: Transformer, prompts: list[list[int]], n_new: int, backend: str = "torch"
+                  ) -> list[list[int]]:
+    """prompt + the target's greedy AR continuation of n_new tokens, per prompt (the synthetic drafter's
+    oracle; it lives here, not in model/, because it runs the engine)."""
+    res = generate(model, None, prompts, n_new, Policy(kind="ar"), backend=backend)
+    return [list(p) + list(t) for p, t in zip(prompts, res.tokens)]
+
+
 # -------------------------------------------------------------------------------------------- set-up
 
-def _validate(model, drafter, prompts, max_new_tokens, policy, temperature) -> None:
+def prepare(req: Request, validated: bool = False) -> tuple[Plan, EngineState]:
+    """Validate (unless `validated`), plan (builds the CUDA extension for "cuda"), allocate and prefill: the
+    state the first step starts from. Raises ValueError on bad arguments (see generate)."""
+    if not validated:
+        _validate(req)
+    plan = _plan(req)
+    state = EngineState.allocate(req.model.new_cache(len(req.prompts), plan.max_len), req.max_new_tokens,
+                                 slack=2 * (plan.depth + 1), budget=req.policy.nodes(plan.depth))
+    t0 = time.perf_counter_ns()
+    _prefill(plan, state, req.prompts)
+    state.prefill_ns = _sync_ns(req.model.device, t0)
+    return plan, state
+
+
+def step(plan: Plan, st: EngineState, timer, kv_limit: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """One AR or speculative step for every request (a finished one commits nothing), state updated in place
+    (fixed addresses: a CUDA graph replays it). timer: a StageTimer or anything with mark(name). Returns
+    (tokens committed, tree size incl. the root) [B] int32 on the device."""
+    return (_ar_step if plan.policy.kind == "ar" else _spec_step)(plan, st, timer, kv_limit)
+
+
+def _validate(req: Request) -> None:
+    model, drafter, prompts, max_new_tokens, policy, temperature = (
+        req.model, req.drafter, req.prompts, req.max_new_tokens, req.policy, req.temperature)
     if not isinstance(policy, Policy):
         raise ValueError(f"policy must be a Policy, got {type(policy).__name__}")
     if not isinstance(max_new_tokens, int) or max_new_tokens < 0:
@@ -120,16 +163,20 @@ def _validate(model, drafter, prompts, max_new_tokens, policy, temperature) -> N
                          f"{model.cfg.name}'s max_seq_len {model.cfg.max_seq_len}")
 
 
-def _plan(model, drafter, prompts, max_new_tokens, policy, temperature, seed, backend) -> _Run:
-    stages = get_stages(backend, policy)
+def _plan(req: Request) -> Plan:
+    model, policy = req.model, req.policy
+    stages = get_stages(req.backend, policy)
     if stages.attn == "cuda":
         check_cuda_attention(model.cfg)
-    depth = drafter.depth if policy.kind != "ar" else 0
+        if model.dtype != torch.bfloat16:   # the kernel reads bf16 caches: say so instead of timing torch
+            stages = dataclasses.replace(stages, attn="torch")
+    depth = req.drafter.depth if policy.kind != "ar" else 0
     rows = policy.nodes(depth) + 1
     # a request's rows: prompt + generated (a step may overshoot max_new by depth) + one tree in flight
-    max_len = max(len(p) for p in prompts) + max_new_tokens + 2 * (depth + 1) + rows
-    spec_drafter = drafter if policy.kind != "ar" else None
-    return _Run(model, spec_drafter, policy, stages, Sampler(temperature, seed, model.device), depth, rows, max_len)
+    max_len = max(len(p) for p in req.prompts) + req.max_new_tokens + 2 * (depth + 1) + rows
+    spec_drafter = req.drafter if policy.kind != "ar" else None
+    return Plan(model, spec_drafter, policy, stages, Sampler(req.temperature, req.seed, model.device), depth, rows,
+                max_len)
 
 
 def _sync_ns(device, t0: int) -> int:
@@ -138,7 +185,7 @@ def _sync_ns(device, t0: int) -> int:
     return time.perf_counter_ns() - t0
 
 
-def _prefill(run: _Run, st: EngineState, prompts: list[list[int]]) -> None:
+def _prefill(run: Plan, st: EngineState, prompts: list[list[int]]) -> None:
     """One causal forward over the right-padded prompts; the first generated token; drafter context."""
     dev, B, P = run.model.device, len(prompts), max(len(p) for p in prompts)
     tokens = torch.zeros(B, P, dtype=torch.int64)
@@ -153,7 +200,7 @@ def _prefill(run: _Run, st: EngineState, prompts: list[list[int]]) -> None:
     st.cache.lengths.copy_(lens)
     st.gen[:, 0] = first
     st.n_gen.fill_(1)
-    st.bonus = first
+    st.bonus.copy_(first)
     st.done = st.n_gen >= st.max_new
     if run.drafter is not None:
         run.drafter.reset(B, run.max_len)
@@ -162,7 +209,7 @@ def _prefill(run: _Run, st: EngineState, prompts: list[list[int]]) -> None:
 
 # ---------------------------------------------------------------------------------------------- steps
 
-def _ar_step(run: _Run, st: EngineState, timer: StageTimer, kv_limit: int):
+def _ar_step(run: Plan, st: EngineState, timer: StageTimer, kv_limit: int):
     """One token per request: decode the bonus token, pick the next one."""
     lens = st.cache.lengths
     timer.mark("verify")
@@ -176,7 +223,7 @@ def _ar_step(run: _Run, st: EngineState, timer: StageTimer, kv_limit: int):
     return count, torch.ones_like(count)
 
 
-def _spec_step(run: _Run, st: EngineState, timer: StageTimer, kv_limit: int):
+def _spec_step(run: Plan, st: EngineState, timer: StageTimer, kv_limit: int):
     """Draft -> build -> verify (one forward, whole batch) -> accept -> compact -> commit."""
     lens, L = st.cache.lengths, run.depth
     timer.mark("draft")
@@ -203,7 +250,7 @@ def _spec_step(run: _Run, st: EngineState, timer: StageTimer, kv_limit: int):
     return count, tree.n_nodes
 
 
-def _accept(run: _Run, tree, logits: torch.Tensor):
+def _accept(run: Plan, tree, logits: torch.Tensor):
     """The target's decision at every tree row, then the walk (greedy or sampled)."""
     args = (tree.tokens, tree.first_child, tree.next_sibling, tree.n_nodes)
     if run.sampler.greedy:

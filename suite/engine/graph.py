@@ -34,16 +34,6 @@ class _NoTimer:
         del name
 
 
-def _step(run, st: EngineState, kv_limit: int, timer) -> tuple[torch.Tensor, torch.Tensor]:
-    """engine._spec_step, with the next roots written back into the same bonus buffer: advance() rebinds
-    st.bonus to a new tensor, while a graph reads and writes fixed addresses. Returns (tau, tree size) [B]."""
-    bonus = st.bonus
-    tau, size = engine._spec_step(run, st, timer, kv_limit)
-    bonus.copy_(st.bonus)
-    st.bonus = bonus
-    return tau, size
-
-
 @dataclass
 class StepGraph:
     """A captured step and the state it advances. replay() runs the step once for every request (a finished
@@ -51,7 +41,7 @@ class StepGraph:
     eager_step() runs the same step without the graph on the same buffers (for comparisons and timing).
     steps_left counts the steps (replayed or eager) that surely fit kv_limit; None: any number (the bucket is
     the whole cache). The drafter and its context cache belong to this object while it is in use."""
-    run: object                      # engine._Run: model, drafter, stages, sampler, depth, rows, max_len
+    run: engine.Plan                 # model, drafter, stages, sampler, depth, rows, max_len
     state: EngineState
     kv_limit: int                    # keys the drafter's attention scans, fixed in the graph
     graph: object                    # torch.cuda.CUDAGraph
@@ -68,7 +58,7 @@ class StepGraph:
         """One eager step from the current state (a StageTimer may mark its stages); returns (tau, tree size)."""
         self._take_step()
         with torch.no_grad():
-            return _step(self.run, self.state, self.kv_limit, timer or _NoTimer())
+            return engine.step(self.run, self.state, timer or _NoTimer(), self.kv_limit)
 
     def _take_step(self) -> None:
         if self.steps_left is None:
@@ -123,7 +113,8 @@ def capture_step(model, drafter, prompts: list[list[int]], policy: Policy, backe
     """
     _check_capturable(model, policy, backend, max_new_tokens, steps)
     with torch.no_grad():
-        run, st = _prepare(model, drafter, prompts, policy, backend, max_new_tokens, temperature, seed)
+        run, st = engine.prepare(engine.Request(model, drafter, prompts, max_new_tokens, policy, temperature, seed,
+                                                backend))
         gens = _generators(run)
         limit = _kv_limit(run, st, kv_limit, steps)
         stream = torch.cuda.Stream(device=model.device)
@@ -133,19 +124,8 @@ def capture_step(model, drafter, prompts: list[list[int]], policy: Policy, backe
         for g in gens:  # before capture_begin, so each replay advances their Philox offsets as eager steps do
             graph.register_generator_state(g)
         with torch.cuda.graph(graph, stream=stream):
-            tau, size = _step(run, st, limit, _NoTimer())
+            tau, size = engine.step(run, st, _NoTimer(), limit)
     return StepGraph(run, st, limit, graph, tau, size, steps_left, gens)
-
-
-def _prepare(model, drafter, prompts, policy: Policy, backend: str, max_new_tokens: int, temperature: float,
-             seed: int) -> tuple[object, EngineState]:
-    """generate()'s set-up: validate, plan (builds the extension for "cuda"), allocate, prefill."""
-    engine._validate(model, drafter, prompts, max_new_tokens, policy, temperature)
-    run = engine._plan(model, drafter, prompts, max_new_tokens, policy, temperature, seed, backend)
-    st = EngineState.allocate(model.new_cache(len(prompts), run.max_len), max_new_tokens,
-                              slack=2 * (run.depth + 1), budget=policy.nodes(run.depth))
-    engine._prefill(run, st, prompts)
-    return run, st
 
 
 def _check_capturable(model, policy: Policy, backend: str, max_new_tokens: int, steps) -> None:
@@ -213,7 +193,7 @@ def _warm_up(run, st: EngineState, limit: int, stream) -> None:
     stream.wait_stream(current)
     with torch.cuda.stream(stream):
         for _ in range(WARMUP_STEPS):
-            _step(run, st, limit, _NoTimer())
+            engine.step(run, st, _NoTimer(), limit)
     current.wait_stream(stream)
 
 

@@ -29,6 +29,8 @@ class GenerateResult:
     drafter: str = ""                # drafter name, e.g. "synthetic(q=0.8)"; "" for AR
     temperature: float = 0.0
     backend: str = "torch"
+    attention: str = ""              # the attention that ran in verify / decode: "torch" when a cuda run's model is
+                                     # not bf16 (the kernel reads bf16 caches), so a row can say what it timed
     state: object = None             # the final EngineState when generate(keep_state=True)
 
     @property

@@ -22,6 +22,7 @@ class EngineState:
     done: torch.Tensor     # [B] bool
     budgets: torch.Tensor  # [B] int32 tree budget per request
     max_new: int
+    prefill_ns: int = 0    # host wall time of the prefill that started this state (synchronized)
 
     @classmethod
     def allocate(cls, cache: LatentCache, max_new: int, slack: int, budget: int) -> "EngineState":
@@ -34,12 +35,12 @@ class EngineState:
 
     def advance(self, new_tokens: torch.Tensor, count: torch.Tensor, bonus: torch.Tensor) -> None:
         """Append new_tokens[b, :count[b]] ([B, A], the accepted drafts then the bonus) to the output;
-        commit count[b] rows to the KV length; take the new bonus unless frozen. count must be 0 for
+        commit count[b] rows to the KV length; take the new bonus (in place) unless frozen. count must be 0 for
         frozen requests. Slots past count get garbage beyond the valid length (fixed shapes)."""
         A = new_tokens.shape[1]
         slot = self.n_gen.to(torch.int64)[:, None] + torch.arange(A, device=new_tokens.device)
         self.gen.scatter_(1, slot.clamp_(max=self.gen.shape[1] - 1), new_tokens)
-        self.bonus = torch.where(self.done, self.bonus, bonus)
+        self.bonus.copy_(torch.where(self.done, self.bonus, bonus))   # in place: a CUDA graph reads this address
         self.n_gen += count
         self.cache.lengths += count
         self.done |= self.n_gen >= self.max_new

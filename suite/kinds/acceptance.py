@@ -33,4 +33,5 @@ def run(case, ctx) -> Iterator[Record]:
         else:
             rec.status = "info"
             rec.reason = "T > 0: losslessness is a distribution property (tests/test_engine_sampled.py)"
+        gen.note_attention(rec, spec)
         yield rec

@@ -49,6 +49,8 @@ def _run_backend(case, ctx, backend: str) -> Iterator[Record]:
         if rec.lossless != "yes":
             rec.status = "fail" if bug else "info"
             rec.reason = f"greedy speculative output differs from AR: {rec.lossless}"
+    gen.note_attention(ar_rec, ar)
+    gen.note_attention(rec, spec)
     yield ar_rec
     yield rec
 

@@ -174,3 +174,13 @@ def base_record(case, ctx, backend: str) -> Record:
     rec = ctx.record(case, backend, dtype=dtype)
     rec.extra["batch_invariant"] = bool(case.shape.batch_invariant)
     return rec
+
+
+def note_attention(rec: Record, results: list[GenerateResult]) -> None:
+    """Record the attention that ran; a cuda row whose model is not bf16 ran torch attention and says so."""
+    ran = sorted({r.attention for r in results if r.attention})
+    rec.extra["attention"] = ",".join(ran)
+    if rec.backend == "cuda" and any(a != "cuda" for a in ran):
+        why = (f"cuda stages with torch attention: the model is {rec.dtype} and the tree_verify_mla kernel reads "
+               "bf16 (dtype: bfloat16 times the kernel)")
+        rec.reason = f"{rec.reason}; {why}" if rec.reason else why

@@ -8,6 +8,7 @@ from typing import Callable, NamedTuple
 
 import torch
 
+from kdbench.backends import cuda_ext   # imports no extension: load() builds it on the first cuda call
 from kdbench.references.mla import yarn_inv_freq as _np_yarn_inv_freq
 from kdbench.references.model_config import ModelConfig
 
@@ -167,7 +168,6 @@ def attention_absorbed(q_lat, q_pe, kv, visible, scale: float, dc: int) -> torch
 
 def attention_cuda(q_lat, q_pe, kv, past_lens, anc, scale: float) -> torch.Tensor:
     """The tree_verify_mla kernel (dc = 512, dr = 64, bf16): keys [0, past_len + T) of kv [B, S, 576]."""
-    from kdbench.backends import cuda_ext  # lazy: absent on CPU-only machines
     q = torch.cat((q_lat, q_pe), dim=-1).to(torch.bfloat16).contiguous()  # [B, T, H, 576]
     o_lat, _lse = cuda_ext.tree_verify_mla(q, kv, past_lens.to(torch.int32), anc, scale)
     return o_lat.to(q_lat.dtype)

@@ -81,10 +81,3 @@ class SyntheticDrafter:
         logits.scatter_(-1, true, self.rank_logit[rank])
         return logits
 
-
-def greedy_oracle(model, prompts: list[list[int]], n_new: int, backend: str = "torch") -> list[list[int]]:
-    """prompt + the target's greedy AR continuation of n_new tokens, per prompt (the synthetic oracle)."""
-    from kdbench.engine.engine import generate
-    from kdbench.engine.stages import Policy
-    res = generate(model, None, prompts, n_new, Policy(kind="ar"), backend=backend)
-    return [list(p) + list(t) for p, t in zip(prompts, res.tokens)]

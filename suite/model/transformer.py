@@ -102,8 +102,9 @@ class Transformer:
         """
         B, T = tokens.shape
         attn = attn or self.attn
-        if attn == "cuda" and cache.kv.dtype != torch.bfloat16:
-            attn = "torch"   # the tree_verify_mla kernel reads bf16 caches; wider ones (float32 exactness runs) use torch
+        if attn == "cuda" and cache.kv.dtype != torch.bfloat16:   # refuse: a silent torch fallback would be timed
+            raise ValueError(f"attn='cuda' needs a bfloat16 cache (the tree_verify_mla kernel reads bf16), got "
+                             f"{cache.kv.dtype}; use attn='torch' (the engine picks it and records it)")
         tap_layers = self.tap_layers if tap_layers is None else tap_layers
         S = cache.max_len if kv_limit is None else min(kv_limit, cache.max_len)
         naive = anc is None and T > 1
