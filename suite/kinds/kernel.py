@@ -35,6 +35,9 @@ def run(case, ctx) -> Iterator[Record]:
     fam = families.get(case.family)
     avail = {b: _available(fam, b, case, ctx.device) for b in case.backends}
     live = [b for b in case.backends if avail[b][0]]
+    if not live:   # nothing can run here: no inputs, no reference (a GPU-sized case costs nothing on a CPU)
+        yield from (ctx.record(case, b, status="skipped", reason=avail[b][1]) for b in case.backends)
+        return
     trials = _trials(fam, case, ctx, live)
     timed = _time_all(fam, case, ctx, [b for b in live if b not in trials.errors], trials)
     for b in case.backends:
