@@ -16,7 +16,7 @@ def _run(args) -> int:
     if args.max_cases < 1:
         raise UserError(f"--max-cases: got {args.max_cases}, expected an integer >= 1")
     outcome = runner.run_scenarios(args.scenarios, args.out, args.device, args.filter,
-                                   max_cases=args.max_cases)
+                                   max_cases=args.max_cases, force=args.force)
     with interrupts.finishing():    # the run is saved; a late signal must not lose its report
         path = report.render(outcome.run_dir)
     _summary(outcome.records)
@@ -80,17 +80,24 @@ def _compare(args) -> int:
 
 
 def _list(args) -> int:
-    from kdbench import config, families
+    from kdbench import config, estimate, families
     from kdbench.backends import registry
-    print("scenarios:")
+    device = "cuda" if _has_cuda() else "cpu"
+    m = estimate.machine(device)
+    print(f"scenarios (on this machine: {device}, {m.host_bytes / estimate.GB:.0f} GB host"
+          + (f", {m.device_bytes / estimate.GB:.0f} GB GPU" if m.device_bytes else "") + "):")
     for path in sorted(Path(args.root).glob("**/*.yaml")):
         try:
             s = config.load(path, max_cases=args.max_cases)
-            print(f"  {path}  ({s.kind}, {len(s.cases)} cases)")
         except UserError as exc:
             print(f"  {path}  (invalid: {exc})")
+            continue
+        fits, why = estimate.verdict(list(s.cases), m)
+        total = sum(estimate.case(c, device).seconds for c in s.cases)
+        peak = max((estimate.case(c, device) for c in s.cases), key=lambda e: max(e.host_bytes, e.device_bytes))
+        verdict = f"fits: {peak.text().split(', ~')[0]} peak, ~{estimate._duration(total)}" if fits else f"refused: {why}"
+        print(f"  {path}  ({s.kind}, {len(s.cases)} cases) {verdict}")
     print("kernel families and backends:")
-    device = "cuda" if _has_cuda() else "cpu"
     for fam in families.FAMILIES:
         print(f"  {fam}")
         for backend in registry.for_family(fam):
@@ -148,6 +155,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "run the cases any of the values selects")
     r.add_argument("--max-cases", type=int, default=config_max_cases(), metavar="N",
                    help="refuse a run that expands to more than N cases (default %(default)s)")
+    r.add_argument("--force", action="store_true",
+                   help="run scenarios that do not fit this machine (estimated memory, no available backend)")
     r.set_defaults(func=_run)
     rep = sub.add_parser("report", help="render the HTML report of a run directory (partial runs too)")
     rep.add_argument("run_dir")

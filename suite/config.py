@@ -213,7 +213,7 @@ def _expand(spec: ScenarioSpec, cs: CaseSpec, index: int, file: str) -> list[Cas
         shape_obj = _build_shape(shape_cls, shape, dict(zip([k for k, _ in axes], combo)), file, path)
         suffix = ",".join(f"{k.split('.')[-1]}={v}" for (k, _), v in zip(axes, combo))
         name = f"{cs.name}[{suffix}]" if suffix else cs.name
-        family = cs.family or spec.kind
+        family = cs.family or ""       # a kernel family; other kinds have none (records carry a policy)
         out.append(Case(spec.name, spec.kind, name, family, cs.backends, shape_obj, dtype,
                         derive_seed(spec.seed, spec.name, name), cs.trials, cs.tolerance, cs.timing, file,
                         spec.case_timeout_s))

@@ -70,11 +70,10 @@ def hist_fractions(rec: Record) -> dict[int, float]:
 
 
 def policy_label(rec: Record) -> str:
-    """The generation policy of a row, e.g. 'ddtree(B=64)' or 'ar'. The kinds write it to extra['policy']
-    and family; the shape's policy comes last because an e2e case also times its AR baseline under the
-    case's shape, and an error row keeps the case's family."""
-    family = rec.family if rec.family not in ("", rec.kind) else ""
-    return str(rec.extra.get("policy") or family or shape_of(rec).get("policy", ""))
+    """The generation policy of a row, e.g. 'ddtree(B=64)' or 'ar': its policy column; the shape's policy
+    comes last because an e2e case also times its AR baseline under the case's shape, and an error or skipped
+    row has no policy of its own."""
+    return str(rec.policy or rec.extra.get("policy") or shape_of(rec).get("policy", ""))
 
 
 # ------------------------------------------------------------------------------------------ summary
@@ -97,7 +96,7 @@ def skipped_groups(records: list[Record]) -> list[dict[str, Any]]:
     groups: dict[str, Counter] = {}
     for r in records:
         if r.status == "skipped":
-            groups.setdefault(r.reason or "no reason recorded", Counter())[f"{r.family}/{r.backend}"] += 1
+            groups.setdefault(r.reason or "no reason recorded", Counter())[f"{r.family or r.kind}/{r.backend}"] += 1
     out = []
     for reason, where in sorted(groups.items(), key=lambda kv: -sum(kv[1].values())):
         top = ", ".join(f"{k} ({n})" for k, n in where.most_common(4))

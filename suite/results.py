@@ -20,7 +20,8 @@ import pandas as pd
 
 from kdbench.errors import DamagedRun
 
-KEY_COLUMNS = ("scenario", "kind", "case", "family", "backend", "dtype", "device", "link")
+KEY_COLUMNS = ("scenario", "kind", "case", "family", "backend", "dtype", "device", "link", "policy")
+GENERATION_KINDS = ("acceptance", "e2e")   # rows keyed by a generation policy, not a kernel family
 STATUSES = ("pass", "fail", "error", "skipped", "info")
 
 
@@ -30,11 +31,12 @@ class Record:
     scenario: str
     kind: str
     case: str
-    family: str
+    family: str                      # the kernel family (kernel rows only; "" for other kinds)
     backend: str
     dtype: str = ""
     device: str = ""                 # GPU name or "cpu"
     link: str = ""                   # topology: nvlink | pcie | "" for one device
+    policy: str = ""                 # acceptance / e2e: the generation policy, e.g. "ddtree(B=64)" ("" for kernels)
     shape: str = ""                  # the case's shape as compact JSON
     seed: int = 0
     # verdict
@@ -190,7 +192,7 @@ def parse_record(line: str) -> Record:
     clean = {k: (math.nan if v is None and _HINTS[k] is float else v) for k, v in data.items() if k in _HINTS}
     if "samples_s" in clean:     # NaN samples were written as null (JSON has no NaN)
         clean["samples_s"] = [math.nan if v is None else v for v in clean["samples_s"]]
-    return Record(**clean)
+    return Record(**_upgrade(clean))
 
 
 def load_run_records(run_dir: Path) -> LoadedRecords:
@@ -235,6 +237,15 @@ def _read_text(path: Path) -> str:
         raise DamagedRun(f"{path}: not UTF-8 text (byte {exc.start}); the run is damaged") from None
     except OSError as exc:
         raise DamagedRun(f"{path}: cannot read ({exc.strerror or exc})") from None
+
+
+def _upgrade(data: dict[str, Any]) -> dict[str, Any]:
+    """Records written before the policy column kept an acceptance / e2e row's policy in `family` (or the
+    kind there): move it, so old runs and baselines join new ones on the same keys."""
+    if data.get("kind") in GENERATION_KINDS and "policy" not in data:
+        family = data.get("family", "")
+        data = {**data, "policy": family if family != data["kind"] else "", "family": ""}
+    return data
 
 
 def load_meta(run_dir: Path) -> dict[str, Any]:

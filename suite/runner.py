@@ -15,7 +15,7 @@ import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kdbench import config, rundir
+from kdbench import config, estimate, rundir
 from kdbench.errors import UserError
 from kdbench.interrupts import CaseTimeout, Interrupted, finishing, time_limit
 from kdbench.results import Record, RunWriter
@@ -91,13 +91,17 @@ def load_all(paths: list[str], max_cases: int = config.MAX_CASES) -> list[config
 
 def run_scenarios(paths: list[str], out_dir: str | None = None, device: str = "auto",
                   filter_expr: str | list[str] | None = None, progress: bool = True,
-                  max_cases: int = config.MAX_CASES) -> RunOutcome:
-    """filter_expr: one --filter value or several (a case runs when any selects it; config.select)."""
+                  max_cases: int = config.MAX_CASES, force: bool = False) -> RunOutcome:
+    """filter_expr: one --filter value or several (a case runs when any selects it; config.select).
+    A scenario that cannot run here (estimate.verdict: too big, or no backend available) is a UserError
+    before anything is allocated, unless force."""
     scenarios = load_all(paths, max_cases)
     every = [c for s in scenarios for c in s.cases]
     filters = [filter_expr] if isinstance(filter_expr, str) else filter_expr
     cases = config.select(every, filters, ", ".join(paths))
     device, device_name = resolve_device(device)
+    if not force:
+        refuse_unfit(scenarios, cases, device)
     run_dir, lock = make_run_dir(out_dir, scenarios)
     ctx = RunContext(device, device_name, run_dir, "kdbench run {file} --device " + device)
     writer = RunWriter(run_dir)
@@ -124,6 +128,16 @@ def run_scenarios(paths: list[str], out_dir: str | None = None, device: str = "a
     if exit_code == EXIT_OK and any(r.status in ("fail", "error") for r in writer.records):
         exit_code = EXIT_FAIL
     return RunOutcome(run_dir, exit_code, writer.records)
+
+
+def refuse_unfit(scenarios: list[config.Scenario], cases: list[config.Case], device: str) -> None:
+    """UserError naming the first scenario whose selected cases do not fit this machine, with the estimate."""
+    m = estimate.machine(device)
+    for s in scenarios:
+        chosen = [c for c in cases if c.file == s.file and c.scenario == s.name]
+        fits, why = estimate.verdict(chosen, m) if chosen else (True, "")
+        if not fits:
+            raise UserError(f"{s.file}: refused on {device}: {why} (--force runs it anyway)")
 
 
 def _run_cases(cases: list[config.Case], ctx: RunContext, writer: RunWriter, progress: bool) -> None:

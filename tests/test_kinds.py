@@ -65,14 +65,14 @@ def test_acceptance_kind(tmp_path):
         assert math.isclose(r.tau, 1 + sum(depth), rel_tol=1e-9)       # tau counts the bonus token
         hist = r.extra["accept_len_hist"]
         assert sum(hist.values()) == r.extra["steps"]
-    assert {r.family for r in recs} >= {"ddtree(B=8)", "chain(B=8)"}
+    assert {r.policy for r in recs} >= {"ddtree(B=8)", "chain(B=8)"} and {r.family for r in recs} == {""}
 
 
 def test_e2e_kind(tmp_path):
     out, recs = _run(tmp_path, E2E, "e2e")
     assert out.exit_code == 0
     ar, spec = recs
-    assert ar.family == "ar" and spec.family == "ddtree(B=8)"
+    assert ar.policy == "ar" and spec.policy == "ddtree(B=8)"
     assert spec.lossless == "yes" and spec.tau > 1
     assert set(spec.extra["stage_s"]) >= {"draft", "build", "verify", "accept", "compact"}
     assert spec.n_samples == len(spec.samples_s) > 0 and spec.time_median_s > 0

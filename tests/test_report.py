@@ -32,7 +32,7 @@ def kernel_rec(case: str, backend: str, budget: int, median: float, scenario: st
 
 
 def gen_rec(kind: str, policy: str, budget: int, tau: float) -> Record:
-    return Record("gen", kind, f"{policy}[budget={budget}]", kind, "torch", "bfloat16", "NVIDIA H200",
+    return Record("gen", kind, f"{policy}[budget={budget}]", "", "torch", "bfloat16", "NVIDIA H200",
                   shape=json.dumps({"model": "tiny", "policy": policy, "budget": budget}), status="info",
                   tau=tau, tokens_per_s=100 * tau, speedup_vs_ar=tau / 1.3, predicted_speedup=tau / 1.2,
                   ttft_s=0.02, tpot_s=0.004, energy_j_per_token=0.5,
@@ -201,7 +201,7 @@ def test_clean_run_says_nothing_needs_attention(full_html, tmp_path):
 def test_generation_headlines():
     acc = [gen_rec("acceptance", p, b, t) for p in ("ddtree", "chain") for b, t in ((16, 3.0), (64, 4.1))]
     for r in acc:      # the kinds name the policy in extra['policy'] and family
-        r.extra["policy"] = r.family = f"{json.loads(r.shape)['policy']}(B={json.loads(r.shape)['budget']})"
+        r.extra["policy"] = r.policy = f"{json.loads(r.shape)['policy']}(B={json.loads(r.shape)['budget']})"
     rows = {h["policy"]: h for h in tables.acceptance_headline(acc)}
     assert set(rows) == {"ddtree", "chain"} and rows["ddtree"]["tau"] == (3.0, 4.1)
     assert rows["ddtree"]["budget"] == (16, 64) and rows["ddtree"]["rows"] == 2

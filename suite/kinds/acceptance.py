@@ -11,6 +11,10 @@ from kdbench.results import Record
 def run(case, ctx) -> Iterator[Record]:
     s = case.shape
     for backend in case.backends:
+        skipped = gen.unavailable(case, ctx, backend)
+        if skipped is not None:   # the other backends still run
+            yield skipped
+            continue
         model = gen.target(case, ctx)
         all_prompts = gen.prompts(case, model.cfg.vocab_size)
         ar = gen.ar_baseline(case, ctx, model, backend, all_prompts)
@@ -19,7 +23,7 @@ def run(case, ctx) -> Iterator[Record]:
         spec = gen.run_batched(model, make, all_prompts, s, policy, backend, case.seed)
         stats = gen.step_stats(spec, s.draft_len)
         rec = gen.base_record(case, ctx, backend)
-        rec.family = policy.label
+        rec.policy = policy.label
         rec.tau = stats.tau
         rec.extra.update({"per_depth_accept": stats.per_depth, "accept_len_hist": stats.hist,
                           "steps": stats.steps, "mean_tree_size": stats.mean_tree, "policy": policy.label,

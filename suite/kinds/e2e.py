@@ -18,7 +18,8 @@ WARMUP_TOKENS = 4   # one short generate() per policy before timing: allocator, 
 
 def run(case, ctx) -> Iterator[Record]:
     for backend in case.backends:
-        yield from _run_backend(case, ctx, backend)
+        skipped = gen.unavailable(case, ctx, backend)
+        yield from [skipped] if skipped is not None else _run_backend(case, ctx, backend)
 
 
 def _run_backend(case, ctx, backend: str) -> Iterator[Record]:
@@ -64,7 +65,7 @@ def _warm(model, drafter, all_prompts, s, policy, backend) -> None:
 def _timed_record(case, ctx, backend: str, results, label: str, tel: dict) -> Record:
     """Step times are the sums of the stage times of each step (CUDA events on the GPU)."""
     rec = gen.base_record(case, ctx, backend)
-    rec.family = label
+    rec.policy = label
     steps = [st for r in results for st in r.steps]
     step_s = [sum(st.stage_ns.values()) * 1e-9 for st in steps]
     t = timing.summarize(step_s)

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from kdbench.backends import registry
 from kdbench.config import derive_seed
 from kdbench.engine.engine import generate, target_from_preset
 from kdbench.engine.records import GenerateResult
@@ -167,6 +168,16 @@ def next_logits(model, prefix: list[int]) -> torch.Tensor:
     out = model.forward(tokens, torch.arange(n, device=dev)[None], cache, zero, kv_limit=n,
                         logit_rows=torch.full((1,), n - 1, dtype=torch.int32, device=dev), attn="torch")
     return out.logits[0, 0]
+
+
+def unavailable(case, ctx, backend: str) -> Record | None:
+    """A skipped record when the backend cannot run here (checked before any model is built), else None."""
+    ok, why = registry.available(backend, ctx.device)
+    if ok:
+        return None
+    rec = base_record(case, ctx, backend)
+    rec.status, rec.reason = "skipped", why
+    return rec
 
 
 def base_record(case, ctx, backend: str) -> Record:
