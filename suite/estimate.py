@@ -21,6 +21,7 @@ GB = 1e9
 RATES = {"cpu": (5e9, 2e9, 2e10), "cuda": (2e12, 2e9, 3e14)}
 SCORE_BYTES = 13       # torch baselines per score element: fp32 scores, masked copy, exp, bool mask repeat
 KV_COMPACT_BYTES = 64  # per cache element: float64 draw, float32 copy, device copy, float64 check temporaries
+HEADROOM = 0.8         # a case may use at most this share of the memory available (allocator, Python, plots)
 
 
 @dataclass(frozen=True)
@@ -150,7 +151,7 @@ def verdict(cases: list, m: Machine) -> tuple[bool, str]:
         return False, f"no backend of it can run here ({'; '.join(reasons)[:300]})"
     worst = max(live, key=lambda cs: max(case(cs, m.device).host_bytes, case(cs, m.device).device_bytes))
     e = case(worst, m.device)
-    if e.host_bytes > m.host_bytes or e.device_bytes > (m.device_bytes or math.inf):
+    if e.host_bytes > HEADROOM * m.host_bytes or e.device_bytes > HEADROOM * (m.device_bytes or math.inf):
         have = f"{m.host_bytes / GB:.0f} GB host available" + (f", {m.device_bytes / GB:.0f} GB GPU" if m.device_bytes else "")
-        return False, f"case {worst.name} needs {e.text()}; this machine has {have}"
+        return False, f"case {worst.name} needs {e.text()}; this machine has {have} (a case may use {HEADROOM:.0%})"
     return True, ""
