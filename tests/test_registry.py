@@ -116,13 +116,12 @@ def planted(monkeypatch):
     """Adds backends `honest` (torch_ops) and `lazy` (right on a fresh input, wrong on a repeated call of the
     same tensors: the shape of a kernel that is fast because it skips work) as registry entries."""
     module = types.ModuleType("kdbench_planted")
-    seen: set[int] = set()
 
     def lazy(tokens, first_child, next_sibling, n_nodes, target, depth):
         res = torch_ops.tree_accept_greedy(tokens, first_child, next_sibling, n_nodes, target, depth)
-        if id(tokens) in seen:
+        if getattr(tokens, "_kdb_seen", False):   # a repeated call on the same tensor object
             res.accept_len.zero_()
-        seen.add(id(tokens))
+        tokens._kdb_seen = True
         return res
 
     module.tree_accept_greedy, module.tree_accept_sampled = lazy, torch_ops.tree_accept_sampled

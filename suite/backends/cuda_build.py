@@ -1,6 +1,8 @@
 """Builds the kdbench_cuda extension from csrc/ with torch's JIT loader. SOURCES and the flags here are the
-only source list and flag set: CI's compile-only step uses them too (`python -m kdbench.backends.cuda_build`).
-unavailable_reason() says why the extension cannot be used on this machine (None when it can)."""
+only source list and flag set. CI (.ci/run) compiles every csrc/*.cu with CUDA_FLAGS and its own arch list
+(sm_90a, plus sm_120 where nvcc knows it); compile_only() (`python -m kdbench.backends.cuda_build`) is the
+same compile-only pass for one capability, run by hand. unavailable_reason() says why the extension cannot
+be used on this machine (None when it can)."""
 from __future__ import annotations
 
 import hashlib
@@ -122,7 +124,8 @@ def nvcc_compile_command(cu_file: Path, out: Path, capability: tuple[int, int] =
 
 
 def compile_only(out_dir: Path, capability: tuple[int, int] = (9, 0)) -> int:
-    """Compile every family .cu standalone (what CI runs); prints ptxas reports; returns failures."""
+    """Compile every family .cu standalone (the kernels only: no torch glue, no bindings) for one capability;
+    prints ptxas reports; returns the number of failures. CI runs the same nvcc pass from .ci/run."""
     out_dir.mkdir(parents=True, exist_ok=True)
     failures = 0
     for name in (s for s in SOURCES if s.endswith(".cu")):
