@@ -18,9 +18,11 @@ from kdbench.references.model_config import get_preset
 
 GB = 1e9
 # nominal rates: (bytes/s, float64 reference FLOP/s, backend FLOP/s); the host reference runs numpy float64
-RATES = {"cpu": (5e9, 2e9, 2e10), "cuda": (2e12, 2e9, 3e14)}
+RATES = {"cpu": (5e9, 2e9, 5e9), "cuda": (2e12, 2e9, 3e14)}
+DRAW_S = 2e-8          # seconds per random input element on one host core (numpy's generators)
 SCORE_BYTES = 13       # torch baselines per score element: fp32 scores, masked copy, exp, bool mask repeat
 KV_COMPACT_BYTES = 64  # per cache element: float64 draw, float32 copy, device copy, float64 check temporaries
+HEAP_S = 3e-6          # seconds per node of a host best-first heap (h200_facts: 150 ms for 64 x 1024 nodes)
 HEADROOM = 0.8         # a case may use at most this share of the memory available (allocator, Python, plots)
 
 
@@ -55,7 +57,7 @@ def _kernel(c, live: list[str], device: str) -> Estimate:
     inputs, work, ref_flops, flops, moved = _FAMILY[c.family](c.shape, c, live)
     bw, ref_rate, rate = RATES[device]
     calls = (c.trials + c.timing.warmup + c.timing.repeat + 2) * len([b for b in live if b != "numpy_ref"])
-    seconds = c.trials * ref_flops / ref_rate + calls * max(moved / bw, flops / rate)
+    seconds = c.trials * (ref_flops / ref_rate + DRAW_S * inputs / 4) + calls * max(moved / bw, flops / rate)
     if device == "cpu":   # the OOM killer ends a CPU run: the backends' working sets must fit too
         return Estimate(inputs + work, 0.0, seconds)
     # on a GPU a baseline out of memory at a shape is a skip with that reason (kinds/kernel.py), so only the
@@ -75,8 +77,11 @@ def _verify(s, c, live):
 
 
 def _build(s, c, live):
-    logits = 4.0 * s.batch * s.depth * s.vocab
-    return logits, 3 * logits, 10.0 * s.batch * s.depth * s.vocab, 3.0 * logits / 4, logits
+    """Logits [B, L, V] float32; top-K + logsumexp cost ~30 ops per logit on a CPU; the host heaps (reference,
+    torch, cpu_heap) ~HEAP_S per tree node, charged as FLOPs at the reference rate."""
+    elements = float(s.batch * s.depth * s.vocab)
+    heap = s.batch * s.budget * HEAP_S * RATES["cpu"][1]
+    return 4 * elements, 12 * elements, 30 * elements + heap, 30 * elements + heap, 4 * elements
 
 
 def _accept(s, c, live):
