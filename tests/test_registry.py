@@ -9,7 +9,6 @@ import sys
 import types
 
 import pytest
-import torch
 
 from kdbench import config, families, timing
 from kdbench.backends import registry, torch_ops
@@ -157,3 +156,36 @@ def test_an_unknown_backend_is_refused_with_the_registry_list(tmp_path):
     path.write_text(_tree_accept_case("[nope]"))
     with pytest.raises(config.ScenarioError, match="expected one of numpy_ref, torch, cuda"):
         config.load(path)
+
+
+@pytest.mark.parametrize("kind", ["acceptance", "e2e"])
+def test_generation_kinds_skip_an_unavailable_backend_and_keep_the_others(tmp_path, kind):
+    from kdbench import runner
+    path = tmp_path / f"{kind}.yaml"
+    path.write_text(f"""name: gen
+kind: {kind}
+seed: 5
+cases:
+  - name: both
+    backends: [cuda, torch]
+    shape: {{model: tiny, policy: ddtree, budget: 4, prompts: 2, prompt_len: 6, max_new_tokens: 6,
+            drafter: synthetic, quality: 0.8, batch: 2}}
+""")
+    recs = runner.run_scenarios([str(path)], str(tmp_path / "run"), "cpu", progress=False).records
+    by = {(r.backend, r.policy) for r in recs}
+    cuda = [r for r in recs if r.backend == "cuda"]
+    assert len(cuda) == 1 and cuda[0].status == "skipped" and "--device cuda" in cuda[0].reason
+    assert ("torch", "ddtree(B=4)") in by and all(r.status != "error" for r in recs)
+    assert all(r.family == "" for r in recs)
+
+
+def test_old_generation_records_load_with_the_policy_column(tmp_path):
+    import json
+
+    from kdbench.results import load_records
+    old = {"scenario": "e", "kind": "e2e", "case": "c", "family": "ddtree(B=64)", "backend": "torch"}
+    kernel = {"scenario": "k", "kind": "kernel", "case": "c", "family": "tree_build", "backend": "torch"}
+    (tmp_path / "records.jsonl").write_text("\n".join(json.dumps(r) for r in (old, kernel)) + "\n")
+    e2e, kern = load_records(tmp_path)
+    assert (e2e.family, e2e.policy) == ("", "ddtree(B=64)")
+    assert (kern.family, kern.policy) == ("tree_build", "")
