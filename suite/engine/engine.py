@@ -170,6 +170,8 @@ def _plan(req: Request) -> Plan:
         check_cuda_attention(model.cfg)
         if model.dtype != torch.bfloat16:   # the kernel reads bf16 caches: say so instead of timing torch
             stages = dataclasses.replace(stages, attn="torch")
+    if getattr(model, "batch_invariant", False):   # such a model always runs its invariant attention
+        stages = dataclasses.replace(stages, attn="invariant")
     depth = req.drafter.depth if policy.kind != "ar" else 0
     rows = policy.nodes(depth) + 1
     # a request's rows: prompt + generated (a step may overshoot max_new by depth) + one tree in flight

@@ -192,6 +192,7 @@ def note_attention(rec: Record, results: list[GenerateResult]) -> None:
     ran = sorted({r.attention for r in results if r.attention})
     rec.extra["attention"] = ",".join(ran)
     if rec.backend == "cuda" and any(a != "cuda" for a in ran):
-        why = (f"cuda stages with torch attention: the model is {rec.dtype} and the tree_verify_mla kernel reads "
+        why = ("cuda stages with the batch-invariant attention (batch_invariant: true)" if "invariant" in ran else
+               f"cuda stages with torch attention: the model is {rec.dtype} and the tree_verify_mla kernel reads "
                "bf16 (dtype: bfloat16 times the kernel)")
         rec.reason = f"{rec.reason}; {why}" if rec.reason else why

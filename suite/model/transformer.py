@@ -102,9 +102,10 @@ class Transformer:
         """
         B, T = tokens.shape
         attn = attn or self.attn
-        if attn == "cuda" and cache.kv.dtype != torch.bfloat16:   # refuse: a silent torch fallback would be timed
+        if attn == "cuda" and cache.kv.dtype != torch.bfloat16 and not self.batch_invariant:
+            # refuse: a silent torch fallback would be timed as cuda (the engine picks torch and records it)
             raise ValueError(f"attn='cuda' needs a bfloat16 cache (the tree_verify_mla kernel reads bf16), got "
-                             f"{cache.kv.dtype}; use attn='torch' (the engine picks it and records it)")
+                             f"{cache.kv.dtype}; use attn='torch'")
         tap_layers = self.tap_layers if tap_layers is None else tap_layers
         S = cache.max_len if kv_limit is None else min(kv_limit, cache.max_len)
         naive = anc is None and T > 1
