@@ -81,12 +81,24 @@ def fit(ms, curve: ExpertCurve, attn_eff: float = KDBENCH_ATTN_EFF, hw: Hardware
     A = np.array(cols)
     y = np.array([m.seconds - f.attn_s / attn_eff for m, f in zip(ms, fl)])
     w = 1.0 / np.array([m.seconds for m in ms])
-    x = np.linalg.lstsq(A * w[:, None], y * w, rcond=None)[0]
+    x = _nonneg_lstsq(A * w[:, None], y * w)
     if len(layers) == 1:
         x = np.insert(x, 1, 0.0)
     c0, cl, ig, im = (float(v) for v in x)
     return Efficiency(gemm=1.0 / ig if ig > 0 else float("inf"), moe=1.0 / im if im > 0 else float("inf"),
                       attn=attn_eff, overhead_s=c0, layer_s=cl, label=label or f"fitted to {len(ms)} forwards")
+
+
+def _nonneg_lstsq(A: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Least squares with x >= 0 (times and inverse efficiencies cannot be negative): drop the most negative
+    coefficient's column and refit until none is negative (an active set small enough for 4 unknowns)."""
+    active = list(range(A.shape[1]))
+    while True:
+        x = np.zeros(A.shape[1])
+        x[active] = np.linalg.lstsq(A[:, active], y, rcond=None)[0]
+        if x.min() >= 0 or len(active) == 1:
+            return np.maximum(x, 0.0)
+        active.remove(int(np.argmin(x)))
 
 
 @dataclass(frozen=True)
