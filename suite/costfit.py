@@ -5,14 +5,20 @@ table of device/h200_facts.md."""
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 import numpy as np
 
 from kdbench.references.model_config import get_preset
 
-from .costmodel import H200, Efficiency, ExpertCurve, Hardware, floors, forward_time
+from kdbench.model.drafter import DrafterConfig
 
+from .costmodel import (ACCEPT_S, COMPACT_S, H200, Efficiency, ExpertCurve, Hardware, build_time, drafter_floors,
+                        floors, forward_time, work_time)
+
+# the eager cuda step outside the verify forward (draft + build + accept + compact), block drafter, slice-2,
+# batch 8, DDTree B = 64, prompts of 128 + 64 new tokens (plans/0003-engine.md, 2026-11-30 call E): 2.6 ms
+DRAFT_MEASURED = dict(model="kimi-k2-slice-2", batch=8, budget=64, ctx=160, outside_verify_s=2.6e-3)
 KDBENCH_ATTN_EFF = 0.50   # the kdbench tree-verify kernel: 38-57 % of its floor rate (device/h200_facts.md)
 
 
@@ -85,8 +91,20 @@ def fit(ms, curve: ExpertCurve, attn_eff: float = KDBENCH_ATTN_EFF, hw: Hardware
     if len(layers) == 1:
         x = np.insert(x, 1, 0.0)
     c0, cl, ig, im = (float(v) for v in x)
-    return Efficiency(gemm=1.0 / ig if ig > 0 else float("inf"), moe=1.0 / im if im > 0 else float("inf"),
-                      attn=attn_eff, overhead_s=c0, layer_s=cl, label=label or f"fitted to {len(ms)} forwards")
+    eff = Efficiency(gemm=1.0 / ig if ig > 0 else float("inf"), moe=1.0 / im if im > 0 else float("inf"),
+                     attn=attn_eff, overhead_s=c0, layer_s=cl, label=label or f"fitted to {len(ms)} forwards")
+    return replace(eff, draft_overhead_s=draft_overhead(eff, hw))
+
+
+def draft_overhead(eff: Efficiency, hw: Hardware = H200) -> float:
+    """The drafter forward's fixed time: DRAFT_MEASURED's outside-verify time less its modeled work, the
+    build and accept + compact (>= 0)."""
+    d = DRAFT_MEASURED
+    cfg = get_preset(d["model"])
+    dc = DrafterConfig.for_target(cfg)
+    rest = work_time(drafter_floors(dc, cfg, d["batch"], d["ctx"], hw), eff) \
+        + build_time(d["batch"], d["budget"], cfg.vocab_size) + ACCEPT_S + COMPACT_S
+    return max(d["outside_verify_s"] - rest, 0.0)
 
 
 def _nonneg_lstsq(A: np.ndarray, y: np.ndarray) -> np.ndarray:

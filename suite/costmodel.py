@@ -31,17 +31,18 @@ class Efficiency:
     """Fraction of the floor rate each class reaches, and fixed times. gemm: dense weight GEMMs (attention
     projections, dense MLP, shared expert, router, lm_head); moe: routed experts (grouped GEMM and its
     dispatch); attn: the attention kernel vs its roofline. overhead_s per forward, layer_s per layer
-    (launches, host work: what CUDA graphs remove)."""
+    (launches, host work: what CUDA graphs remove); draft_overhead_s the same for the drafter's forward."""
     gemm: float
     moe: float
     attn: float
     overhead_s: float
     layer_s: float = 0.0
+    draft_overhead_s: float = 0.0
     label: str = ""
 
 
 # Today's engine before any fit: attention at 50 % (the kdbench kernel, device/h200_facts.md), the rest fitted.
-SERVING = Efficiency(gemm=0.85, moe=0.70, attn=0.75, overhead_s=30e-6, layer_s=0.0,
+SERVING = Efficiency(gemm=0.85, moe=0.70, attn=0.75, overhead_s=30e-6, layer_s=0.0, draft_overhead_s=10e-6,
                      label="serving-grade (modeled: CUDA graphs, GEMV at 85 % of copy bandwidth, grouped MoE "
                            "at 70 %, attention at FlashInfer's measured 75 %)")
 
@@ -135,7 +136,12 @@ def floors(cfg: ModelConfig, batch: int, rows: int, ctx: int, experts: ExpertCur
 
 
 def forward_time(f: Floors, eff: Efficiency) -> float:
-    return eff.overhead_s + eff.layer_s * f.layers + f.gemm_s / eff.gemm + f.moe_s / eff.moe + f.attn_s / eff.attn
+    return eff.overhead_s + eff.layer_s * f.layers + work_time(f, eff)
+
+
+def work_time(f: Floors, eff: Efficiency) -> float:
+    """The floors over the efficiencies, without the fixed overheads."""
+    return f.gemm_s / eff.gemm + f.moe_s / eff.moe + f.attn_s / eff.attn
 
 
 # ------------------------------------------------------------------ the stages around verify
@@ -171,6 +177,11 @@ def drafter_floors(dc: DrafterConfig, cfg: ModelConfig, batch: int, ctx: int, hw
                   0.0, dc.n_layers)
 
 
+def draft_time(dc: DrafterConfig, cfg: ModelConfig, batch: int, ctx: int, eff: Efficiency,
+               hw: Hardware = H200) -> float:
+    return eff.draft_overhead_s + work_time(drafter_floors(dc, cfg, batch, ctx, hw), eff)
+
+
 @dataclass(frozen=True)
 class StepCost:
     seconds: float
@@ -197,7 +208,7 @@ def spec_step(cfg, batch: int, nodes: int, ctx: int, eff: Efficiency, experts: E
     dc = drafter or DrafterConfig.for_target(cfg)
     f = floors(cfg, batch, nodes + 1, ctx, experts, hw)
     verify = forward_time(f, eff)
-    draft = forward_time(drafter_floors(dc, cfg, batch, ctx, hw), eff)
+    draft = draft_time(dc, cfg, batch, ctx, eff, hw)
     build = build_time(batch, nodes, cfg.vocab_size, dc.depth) if nodes > 0 else 0.0
     other = ACCEPT_S + COMPACT_S
     return StepCost(verify + draft + build + other, verify, draft, build, other, f.experts, f.bytes, nodes + 1)

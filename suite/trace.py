@@ -23,6 +23,7 @@ from kdbench.backends.torch_ops import topk_logprobs
 from kdbench.engine import engine as eng
 from kdbench.engine.stages import Policy
 from kdbench.engine.state import EngineState
+from kdbench.model.keyed import KeyedSyntheticDrafter
 
 FORMAT = "kdbench-trace/1"
 HASH_FULL_BYTES = 256 << 20   # weights up to this size are hashed whole; larger ones by a strided sample
@@ -139,6 +140,37 @@ def weights_hash(w: dict[str, torch.Tensor]) -> str:
 
 def prompts_hash(prompts) -> str:
     return hashlib.sha256(json.dumps([list(map(int, p)) for p in prompts]).encode()).hexdigest()
+
+
+def synthetic(n_prompts: int, rounds: int, k: int, *, vocab: int = 4096, depth: int = 15, quality: float = 0.8,
+              rank_probs: tuple[float, ...] = (1.0,), seed: int = 0, category: str = "all") -> Trace:
+    """A trace of the KeyedSyntheticDrafter over random continuations, without a target: its acceptance
+    depends only on where it ranks the continuation's tokens, not on what they are (vocab only sets the
+    noise; 4096 keeps it fast). Labelled synthetic in its metadata."""
+    rng = np.random.default_rng(seed)
+    prompts = [rng.integers(0, vocab, 8).tolist() for _ in range(n_prompts)]
+    cont = rng.integers(0, vocab, (n_prompts, rounds + depth + 1))
+    d = KeyedSyntheticDrafter([p + c.tolist() for p, c in zip(prompts, cont)], vocab, depth, quality, rank_probs,
+                              seed=seed)
+    d.reset(n_prompts, len(prompts[0]) + cont.shape[1])
+    lps, toks = [], []
+    for j in range(rounds):
+        lp, tok = topk_logprobs(d.draft(torch.from_numpy(cont[:, j]), torch.full((n_prompts,), 8 + j), 0), k)
+        lps.append(lp.numpy())
+        toks.append(tok.to(torch.int32).numpy())
+    meta = {"format": FORMAT, "model": "none (synthetic continuation)", "drafter": d.name, "seed": seed, "k": k,
+            "depth": depth, "rounds": rounds, "vocab_size": vocab, "temperature": 0.0}
+    return Trace(tuple(tuple(p) for p in prompts), (category,) * n_prompts, cont.astype(np.int64),
+                 np.stack(lps, axis=1), np.stack(toks, axis=1), meta)
+
+
+def concat(traces: list[Trace]) -> Trace:
+    """Prompts of several traces (same rounds, depth and K) in one; metadata of the first, drafters listed."""
+    first = traces[0]
+    meta = {**first.meta, "drafter": " + ".join(sorted({t.meta.get("drafter", "") for t in traces}))}
+    return Trace(sum((t.prompts for t in traces), ()), sum((t.categories for t in traces), ()),
+                 np.concatenate([t.continuation for t in traces]), np.concatenate([t.top_lp for t in traces]),
+                 np.concatenate([t.top_tok for t in traces]), meta)
 
 
 # ------------------------------------------------------------------------------------------- KDTR I/O
