@@ -60,7 +60,7 @@ def _drafter(cs: CostSetting, depth: int) -> DrafterConfig:
 def sweep(trace: Trace, kinds: list[dict], budgets: list[int], batches: list[int], cs: CostSetting,
           max_new_tokens: int | None = None) -> list[Prediction]:
     """kinds: Policy keyword dicts without budget ({"kind": "ddtree"}, {"kind": "ddtree_width_capped",
-    "max_width": 4}, {"kind": "adaptive"}: its row_cost comes from the cost model per batch)."""
+    "max_width": 4}, {"kind": "adaptive"}: without a row_cost it comes from the cost model per batch)."""
     dc = _drafter(cs, trace.depth)
     cache: dict[Policy, object] = {}
     out = []
@@ -69,7 +69,8 @@ def sweep(trace: Trace, kinds: list[dict], budgets: list[int], batches: list[int
         rc = row_cost(cs, batch, trace.depth)
         for spec in kinds:
             for budget in budgets:
-                kw = dict(spec, budget=budget, **({"row_cost": rc} if spec["kind"] == "adaptive" else {}))
+                kw = {"row_cost": rc, **spec} if spec["kind"] == "adaptive" else dict(spec)
+                kw["budget"] = budget
                 policy = Policy(**kw)
                 if policy not in cache:
                     cache[policy] = replay(trace, policy, max_new_tokens)

@@ -78,9 +78,6 @@ def _trace(args) -> int:
             t = tr.from_jsonl(args.from_jsonl)
         except (OSError, ValueError, KeyError) as exc:
             raise UserError(f"{args.from_jsonl}: {exc}") from None
-    elif args.drafter == "synthetic-only":
-        t = tr.synthetic(args.prompts, args.rounds, args.k, quality=args.quality, rank_probs=_ranks(args.quality),
-                         seed=args.seed)
     else:
         t = _record(args)
     tr.save(args.out, t)
@@ -88,40 +85,16 @@ def _trace(args) -> int:
     return 0
 
 
-def _ranks(q: float) -> tuple[float, ...]:
-    from kdbench.kinds.generation import SYNTHETIC_RANKS
-    return tuple(q * (1 - q) ** k for k in range(SYNTHETIC_RANKS)) if q < 1 else (1.0,)
-
-
 def _record(args):
-    from kdbench import trace as tr
-    from kdbench.kinds import generation as gen
-    from kdbench.model.drafter import BlockDrafter
-    from kdbench.model.keyed import KeyedSyntheticDrafter
-    from kdbench.model.synthetic import greedy_oracle
-    from kdbench.shapes import GenerationShape
-    try:
-        shape = GenerationShape(model=args.model, prompts=args.prompts, prompt_len=args.prompt_len,
-                                category=args.category)
-    except (TypeError, ValueError) as exc:
-        raise UserError(f"--model/--prompts: {exc}") from None
+    from kdbench.kinds.replay import make_trace
+    from kdbench.shapes import ReplayShape
+    shape = ReplayShape(model=args.model, drafter=args.drafter, quality=args.quality, prompts=args.prompts,
+                        prompt_len=args.prompt_len, category=args.category, rounds=args.rounds, k=args.k,
+                        budget=min(args.k, 1024))
     bad = shape.validate()
     if bad:
         raise UserError(f"--{bad[0].replace('_', '-')}: {bad[1]}")
-    case = types.SimpleNamespace(shape=shape, scenario=f"trace-{args.seed}")
-    model = gen.target(case, types.SimpleNamespace(cache={}, device=args.device))
-    prompts = gen.prompts(case, model.cfg.vocab_size)
-    if args.drafter == "block":
-        block = BlockDrafter.random(model, args.seed)
-        drafter_for = lambda first, last: block  # noqa: E731
-    else:
-        oracle = greedy_oracle(model, prompts, args.rounds + 17)
-        drafter_for = lambda first, last: KeyedSyntheticDrafter(  # noqa: E731
-            oracle[first:last], model.cfg.vocab_size, quality=args.quality, rank_probs=_ranks(args.quality),
-            seed=args.seed, device=args.device, keys=range(first, last))
-    return tr.record(model, prompts, args.rounds, args.k, drafter_for, batch=args.batch, backend="torch",
-                     categories=[args.category] * len(prompts),
-                     meta={"prompt_set": f"{args.category} x {args.prompts}, len {args.prompt_len}", "seed": args.seed})
+    return make_trace(shape, f"trace-{args.seed}", args.device, batch=args.batch, seed=args.seed)[0]
 
 
 def _default_row_cost(ctx: int, depth: int) -> float:

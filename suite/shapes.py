@@ -171,13 +171,52 @@ class TopologyShape:
         return _budget(self.budget) or _positive(self, "gpus", "batch")
 
 
+@dataclass(frozen=True)
+class ReplayShape:
+    """Replay cases: a trace (recorded here, or a .kdtr file), one tree policy at one budget, tau replayed and the
+    step time modeled at `batch` for the `cost_model` preset (plans/0009, plans/0008)."""
+    model: str = "tiny"              # target preset the trace is recorded on (ignored with `trace` or synthetic-only)
+    trace: str = ""                  # a .kdtr trace file; "" = record one with the keys below
+    drafter: Literal["keyed", "block", "synthetic-only"] = "keyed"
+    quality: float = 0.8             # synthetic drafters: probability mass on the true token
+    prompts: int = 4
+    prompt_len: int = 16
+    category: Literal["random", "repetitive"] = "random"
+    rounds: int = 31                 # rounds recorded per prompt (max_new_tokens = rounds + 1)
+    k: int = 64                      # top-K recorded per depth (>= the largest budget replayed)
+    policy: Literal["chain", "ddtree", "ddtree_width_capped", "static_kary", "adaptive"] = "ddtree"
+    budget: int = 64
+    max_width: int = 4               # ddtree_width_capped
+    branching: tuple[int, ...] = (4, 2, 1)  # static_kary
+    row_cost: float = -1.0           # adaptive: one tree row's cost over a root-only step; < 0 = from the cost model
+    batch: int = 1                   # batch size of the modeled step time
+    cost_model: str = "kimi-k2-slice-2"  # preset whose step time is modeled
+    ctx: int = 1024                  # committed context of the modeled step
+    check_live: bool = False         # also run generate() live and require equal tau round by round
+
+    def validate(self):
+        from kdbench.references.model_config import get_preset
+        for key in ("model", "cost_model"):
+            try:
+                get_preset(getattr(self, key))
+            except KeyError:
+                return key, f"got {getattr(self, key)!r}, expected a model preset"
+        if not 0.0 < self.quality <= 1.0:
+            return "quality", f"got {self.quality}, expected a probability in (0, 1]"
+        if self.k < max(self.budget, 1) and self.policy in ("ddtree", "adaptive"):
+            return "k", f"got {self.k}, expected >= budget {self.budget} (the trace must hold top-budget drafts)"
+        return _budget(self.budget) or _positive(self, "prompts", "prompt_len", "rounds", "k", "max_width", "batch",
+                                                 "ctx")
+
+
 FAMILY_SHAPES = {
     "tree_build": TreeBuildShape,
     "tree_verify_mla": TreeVerifyMlaShape,
     "tree_accept": TreeAcceptShape,
     "kv_compact": KvCompactShape,
 }
-KIND_SHAPES = {"acceptance": GenerationShape, "e2e": GenerationShape, "topology": TopologyShape}
+KIND_SHAPES = {"acceptance": GenerationShape, "e2e": GenerationShape, "topology": TopologyShape,
+               "replay": ReplayShape}
 
 
 def shape_keys(cls) -> list[str]:
