@@ -17,9 +17,10 @@ def add_commands(sub) -> None:
     t.add_argument("--out", required=True, help="trace file to write (.kdtr)")
     t.add_argument("--from-jsonl", metavar="FILE", help="convert per-round top-K lists (plans/0009 §JSONL)")
     t.add_argument("--model", default="tiny", help="target preset")
-    t.add_argument("--drafter", default="keyed", choices=["keyed", "block", "synthetic-only"],
+    t.add_argument("--drafter", default="keyed", choices=["keyed", "block", "pair", "synthetic-only"],
                    help="keyed: the position-keyed synthetic drafter on the target's continuation; block: the "
-                        "block drafter (random weights); synthetic-only: no target, random continuations")
+                        "block drafter (random weights); pair: the trained pair (kdbench.pair; --model "
+                        "ignored); synthetic-only: no target, random continuations")
     t.add_argument("--quality", type=float, default=0.8, help="synthetic drafters: mass on the true token")
     t.add_argument("--prompts", type=int, default=8)
     t.add_argument("--prompt-len", type=int, default=32)

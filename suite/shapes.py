@@ -177,7 +177,7 @@ class ReplayShape:
     step time modeled at `batch` for the `cost_model` preset (plans/0009, plans/0008)."""
     model: str = "tiny"              # target preset the trace is recorded on (ignored with `trace` or synthetic-only)
     trace: str = ""                  # a .kdtr trace file; "" = record one with the keys below
-    drafter: Literal["keyed", "block", "synthetic-only"] = "keyed"
+    drafter: Literal["keyed", "block", "pair", "synthetic-only"] = "keyed"
     quality: float = 0.8             # synthetic drafters: probability mass on the true token
     prompts: int = 4
     prompt_len: int = 16

@@ -3,6 +3,7 @@ tau of the same round of a live greedy generate() (tiny float64 target, ragged p
 drafter and the block drafter). Plus the trace's KDTR and JSONL round trips and the adaptive cut."""
 from __future__ import annotations
 
+import importlib.util
 import json
 
 import numpy as np
@@ -148,3 +149,17 @@ def test_adaptive_best_size_is_the_brute_force_argmax():
     assert best_size(np.array([0.0, -0.1, -0.2]), 100.0) == 0
     with pytest.raises(ValueError, match="row_cost"):
         Policy("adaptive", 8, row_cost=-1.0)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("kdbench.pair") is None,
+                    reason="the trained pair (kdbench.pair, issue 11) is not merged into this tree yet")
+@pytest.mark.parametrize("policy", [Policy("chain", 15), Policy("ddtree", 16), Policy("ddtree", 64),
+                                    Policy("adaptive", 64, row_cost=0.01)], ids=lambda p: p.label)
+def test_replay_equals_live_on_the_trained_pair(policy):
+    from kdbench.kinds.replay import load_pair
+    model, drafter = load_pair("cpu", torch.float64)   # float64: no near-tie can differ between the two runs
+    rng = np.random.default_rng(1)
+    prompts = [rng.integers(0, model.cfg.vocab_size, int(n)).tolist() for n in (5, 9, 13)]
+    t = tr.record(model, prompts, 11, 64, lambda first, last: drafter, batch=2)
+    live = generate(model, drafter, prompts, 12, policy)
+    assert rp.live_taus(live) == [list(p.tau) for p in rp.replay(t, policy).prompts]

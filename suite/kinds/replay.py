@@ -4,8 +4,11 @@ optionally the live check (generate() must give the same tau round by round). pl
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import types
 from collections.abc import Iterator
+
+import torch
 
 from kdbench import bestbudget as bb
 from kdbench import costfit, costmodel
@@ -13,6 +16,7 @@ from kdbench import replay as rp
 from kdbench import trace as tr
 from kdbench.engine.engine import generate
 from kdbench.engine.stages import Policy
+from kdbench.errors import UserError
 from kdbench.kinds import generation as gen
 from kdbench.model.drafter import BlockDrafter
 from kdbench.model.keyed import KeyedSyntheticDrafter
@@ -37,21 +41,39 @@ def make_trace(s, scenario: str, device: str, batch: int = 8, seed: int = 0, ctx
     shape = types.SimpleNamespace(model=s.model, dtype="auto", prompts=s.prompts, prompt_len=s.prompt_len,
                                   category=s.category)
     case = types.SimpleNamespace(shape=shape, scenario=scenario)
-    model = gen.target(case, types.SimpleNamespace(cache={} if ctx_cache is None else ctx_cache, device=device))
-    prompts = gen.prompts(case, model.cfg.vocab_size)
-    if s.drafter == "block":
-        block = BlockDrafter.random(model, seed)
-        drafter_for = lambda first, last: block  # noqa: E731
+    if s.drafter == "pair":
+        model, drafter = load_pair(device)
     else:
-        oracle = greedy_oracle(model, prompts, s.rounds + 17)
-
-        def drafter_for(first, last):
-            return KeyedSyntheticDrafter(oracle[first:last], model.cfg.vocab_size, quality=s.quality,
-                                         rank_probs=ranks(s.quality), seed=seed, device=device, keys=range(first, last))
+        model = gen.target(case, types.SimpleNamespace(cache={} if ctx_cache is None else ctx_cache, device=device))
+        drafter = BlockDrafter.random(model, seed) if s.drafter == "block" else None
+    prompts = gen.prompts(case, model.cfg.vocab_size)
+    drafter_for = (lambda first, last: drafter) if drafter is not None else _keyed(s, model, prompts, seed, device)
     trace = tr.record(model, prompts, s.rounds, s.k, drafter_for, batch=batch, categories=[s.category] * len(prompts),
                       meta={"prompt_set": f"{s.category} x {s.prompts}, len {s.prompt_len}", "seed": seed,
                             "scenario": scenario})
     return trace, drafter_for, model, prompts
+
+
+def _keyed(s, model, prompts, seed: int, device: str):
+    """drafter_for of the keyed synthetic drafter on the target's greedy continuation of the prompts."""
+    oracle = greedy_oracle(model, prompts, s.rounds + 17)
+
+    def drafter_for(first, last):
+        return KeyedSyntheticDrafter(oracle[first:last], model.cfg.vocab_size, quality=s.quality,
+                                     rank_probs=ranks(s.quality), seed=seed, device=device, keys=range(first, last))
+    return drafter_for
+
+
+def load_pair(device: str, dtype: torch.dtype | None = None):
+    """The trained pair (kdbench.pair, issue 11) when this tree has it: (target, drafter); dtype default
+    bf16 on the GPU, float32 on the CPU."""
+    try:
+        pair = importlib.import_module("kdbench.pair")
+    except ModuleNotFoundError:
+        raise UserError("drafter 'pair': the trained pair (kdbench.pair) is not in this tree yet") from None
+    dtype = dtype or (torch.bfloat16 if device == "cuda" else torch.float32)
+    target = pair.load_target(device=device, dtype=dtype)
+    return target, pair.load_drafter(target)
 
 
 def run(case, ctx) -> Iterator[Record]:
