@@ -58,11 +58,12 @@ def _drafter(cs: CostSetting, depth: int) -> DrafterConfig:
 
 
 def sweep(trace: Trace, kinds: list[dict], budgets: list[int], batches: list[int], cs: CostSetting,
-          max_new_tokens: int | None = None) -> list[Prediction]:
+          max_new_tokens: int | None = None, cache: dict | None = None) -> list[Prediction]:
     """kinds: Policy keyword dicts without budget ({"kind": "ddtree"}, {"kind": "ddtree_width_capped",
-    "max_width": 4}, {"kind": "adaptive"}: without a row_cost it comes from the cost model per batch)."""
+    "max_width": 4}, {"kind": "adaptive"}: without a row_cost it comes from the cost model per batch).
+    cache: Policy -> ReplayResult, shared between sweeps over the same trace and max_new_tokens."""
     dc = _drafter(cs, trace.depth)
-    cache: dict[Policy, object] = {}
+    cache = {} if cache is None else cache
     out = []
     for batch in batches:
         ar = cm.ar_step(cs.cfg, batch, cs.ctx, cs.eff, cs.experts, cs.hw)
@@ -101,13 +102,15 @@ def markdown(preds: list[Prediction], title: str) -> str:
              "AR step ms (modeled) | tokens/s (modeled) | speedup vs AR (modeled) | experts/layer | verify GB |",
              "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for (kind, batch), p in sorted(b.items(), key=lambda kv: (kv[0][1], kv[0][0])):
-        lines.append(f"| {kind} | {batch} | {p.budget} | {p.tau:.2f} | {p.step_s * 1e3:.2f} | {p.ar_step_s * 1e3:.2f}"
+        budget = "static" if kind == "static_kary" else str(p.budget)
+        lines.append(f"| {kind} | {batch} | {budget} | {p.tau:.2f} | {p.step_s * 1e3:.2f} | {p.ar_step_s * 1e3:.2f}"
                      f" | {p.tokens_per_s:.0f} | {p.speedup:.2f}x | {p.experts:.0f} | {p.verify_gb:.1f} |")
     return "\n".join(lines)
 
 
-def plot(preds: list[Prediction], title: str) -> str | None:
-    """One panel per batch: predicted tokens/s vs budget, one line per policy (a data: URI)."""
+def plot(preds: list[Prediction]) -> str | None:
+    """One panel per batch: predicted tokens/s vs budget, one line per policy (a data: URI; the caller
+    titles it)."""
     panels = []
     for batch in sorted({p.batch for p in preds}):
         series: dict[str, list[tuple]] = {}
@@ -116,8 +119,8 @@ def plot(preds: list[Prediction], title: str) -> str | None:
                 series.setdefault(p.policy, []).append((p.budget, p.tokens_per_s))
         ar = next(p for p in preds if p.batch == batch)
         series["AR (modeled)"] = [(x, batch / ar.ar_step_s) for x, _ in next(iter(series.values()))]
-        panels.append({"title": f"{title}: batch {batch}", "xlabel": "tree budget", "series": series})
-    return plots.panels(panels, "tokens/s (MODELED)", logx=True)
+        panels.append({"title": f"batch {batch}", "xlabel": "tree budget", "series": series})
+    return plots.panels(panels, "tokens/s (MODELED)", logy=True, logx=True)
 
 
 def as_dicts(preds: list[Prediction]) -> list[dict]:

@@ -30,6 +30,8 @@ def add_commands(sub) -> None:
     t.add_argument("--batch", type=int, default=8)
     t.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--categories", default="", help="synthetic-only: comma-separated qualities, one category "
+                                                     "each (e.g. 0.6,0.8,0.9); default one at --quality")
     t.set_defaults(func=_trace)
     r = sub.add_parser("replay", help="replay tree policies over a trace: tau per round, prompt, category")
     r.add_argument("trace", help="a .kdtr trace")
@@ -79,11 +81,27 @@ def _trace(args) -> int:
             t = tr.from_jsonl(args.from_jsonl)
         except (OSError, ValueError, KeyError) as exc:
             raise UserError(f"{args.from_jsonl}: {exc}") from None
+    elif args.drafter == "synthetic-only":
+        t = _synthetic(args)
     else:
         t = _record(args)
     tr.save(args.out, t)
     print(f"trace: {args.out} ({t.n_prompts} prompts x {t.rounds} rounds, L {t.depth}, top-{t.k}; {t.meta.get('drafter')})")
     return 0
+
+
+def _synthetic(args):
+    from kdbench import trace as tr
+    from kdbench.kinds.replay import ranks
+    try:
+        qs = [float(q) for q in args.categories.split(",")] if args.categories else [args.quality]
+    except ValueError:
+        raise UserError(f"--categories: got {args.categories!r}, expected comma-separated qualities") from None
+    if any(not 0 < q <= 1 for q in qs):
+        raise UserError(f"--categories/--quality: got {qs}, expected qualities in (0, 1]")
+    return tr.concat([tr.synthetic(args.prompts, args.rounds, args.k, quality=q, rank_probs=ranks(q),
+                                   seed=args.seed + i, category=f"q={q:g}", device=args.device)
+                      for i, q in enumerate(qs)])
 
 
 def _record(args):

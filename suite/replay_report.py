@@ -25,29 +25,40 @@ K2_ASSUMPTIONS = (
     "(the multi-GPU issue adds links)",
     "distinct experts per MoE layer: the slice's router curve (random weights) in 'router' rows, the uniform "
     "formula E(1-(1-k/E)^rows) in 'uniform' rows (a trained, load-balanced router is closer to uniform)",
-    "eager rows: the fitted per-forward overhead split evenly over the calibration model's layers + 1 when "
-    "the measurements hold one layer count (slice-4 measurements separate it)",
+    "eager rows: a joint fit of slice-2 and slice-4 separates the per-layer fixed time; with one layer count "
+    "the fitted per-forward overhead is split evenly over its layers + 1 (an assumption)",
     "serving rows: efficiencies of costmodel.SERVING (assumed, not measured on this engine)",
     "the drafter: DrafterConfig.for_target (1 layer, d = 7168), its fixed time from the measured slice-2 step",
     "tau from the trace's drafter; context = the ctx given (default 1024 committed rows)")
 
 
-def settings(eff: cm.Efficiency, curve: cm.ExpertCurve, ctx: int, fitted_layers: int) -> list[tuple[str, bb.CostSetting]]:
-    """(title, setting): slice-2 eager (fitted), slice-2 serving, K2 serving (router / uniform), K2 eager."""
-    s2, k2 = get_preset("kimi-k2-slice-2"), get_preset("kimi-k2")
-    eager_k2 = eff if eff.layer_s > 0 else dataclasses.replace(
-        eff, overhead_s=eff.overhead_s / (fitted_layers + 1), layer_s=eff.overhead_s / (fitted_layers + 1))
-    return [("kimi-k2-slice-2, today's eager engine (efficiencies fitted)", bb.CostSetting(s2, ctx, eff, curve)),
-            ("kimi-k2-slice-2, serving-grade engine", bb.CostSetting(s2, ctx, cm.SERVING, curve)),
-            ("kimi-k2 (61 layers), serving-grade, router experts", bb.CostSetting(k2, ctx, cm.SERVING, curve)),
+def settings(fits: dict, ms, ctx: int) -> list[tuple[str, bb.CostSetting]]:
+    """(title, setting): slice-2 eager (its own fit), slice-2 serving, K2 serving (router / uniform experts),
+    K2 eager: a joint fit when the measurements hold two layer counts (per-layer time separated), else the
+    slice fit with its overhead split evenly over its layers + 1."""
+    name = "kimi-k2-slice-2" if "kimi-k2-slice-2" in fits else sorted(fits)[0]
+    eff, curve = fits[name]
+    deepest = max(fits, key=lambda m: get_preset(m).n_layers)
+    k2_curve = fits[deepest][1]
+    if len({get_preset(m).n_layers for m in fits}) > 1:
+        eager_k2 = cf.fit(ms, k2_curve, label=f"joint fit of {', '.join(sorted(fits))}")
+    else:
+        n = get_preset(name).n_layers + 1
+        eager_k2 = dataclasses.replace(eff, overhead_s=eff.overhead_s / n, layer_s=eff.overhead_s / n)
+    s2, k2 = get_preset(name), get_preset("kimi-k2")
+    return [(f"{name}, today's eager engine (efficiencies fitted)", bb.CostSetting(s2, ctx, eff, curve)),
+            (f"{name}, serving-grade engine", bb.CostSetting(s2, ctx, cm.SERVING, curve)),
+            (f"kimi-k2 (61 layers), serving-grade, router experts of {deepest}",
+             bb.CostSetting(k2, ctx, cm.SERVING, k2_curve)),
             ("kimi-k2 (61 layers), serving-grade, uniform experts", bb.CostSetting(k2, ctx, cm.SERVING)),
-            ("kimi-k2 (61 layers), today's eager engine, router experts", bb.CostSetting(k2, ctx, eager_k2, curve))]
+            (f"kimi-k2 (61 layers), today's eager engine ({eager_k2.label or 'split overhead'})",
+             bb.CostSetting(k2, ctx, eager_k2, k2_curve))]
 
 
-def validation(ms) -> tuple[str, dict, cm.Efficiency, cm.ExpertCurve, int]:
-    """Per model: fitted efficiencies, every cell in sample and leave-one-out. Returns the text, the summary,
-    and the first model's fit and curve (what the best-budget settings use)."""
-    text, summ, first = [], {}, None
+def validation(ms) -> tuple[str, dict, dict]:
+    """Per model: fitted efficiencies, every cell in sample and leave-one-out. Returns the text, the summary
+    and {model: (efficiency, expert curve)}."""
+    text, summ, fits = [], {}, {}
     for model in sorted({m.model for m in ms}):
         cells = [m for m in ms if m.model == model]
         curve = cf.expert_curve(cells)
@@ -64,9 +75,8 @@ def validation(ms) -> tuple[str, dict, cm.Efficiency, cm.ExpertCurve, int]:
                  f"{summ[model]['leave_one_out']['median_abs_error'] * 100:.1f} %, worst "
                  f"{summ[model]['leave_one_out']['max_abs_error'] * 100:.1f} %.", "", "Leave-one-out cells:", "",
                  cf.markdown(loo), ""]
-        if first is None:
-            first = (eff, curve, get_preset(model).n_layers)
-    return "\n".join(text), summ, *first
+        fits[model] = (eff, curve)
+    return "\n".join(text), summ, fits
 
 
 def findings(trace: Trace, out: Path, ms=None, ctx: int = 1024, batches=BATCHES, budgets=BUDGETS,
@@ -76,17 +86,17 @@ def findings(trace: Trace, out: Path, ms=None, ctx: int = 1024, batches=BATCHES,
     ms = list(ms) if ms else list(cf.H200_FACTS)
     budgets = [b for b in budgets if b <= trace.k]
     kinds = [k for k in kinds if k["kind"] != "static_kary" or len(k["branching"]) <= trace.depth]
-    vtext, vsum, eff, curve, layers = validation(ms)
+    vtext, vsum, fits = validation(ms)
     md = ["# Replay findings: best budget per batch size (step times MODELED, tau replayed)", "",
           f"Trace: {trace.meta.get('drafter', '?')} on {trace.meta.get('model', '?')}, {trace.n_prompts} prompts x "
           f"{trace.rounds} rounds, top-{trace.k}, L = {trace.depth}; categories "
           f"{', '.join(sorted(set(trace.categories)))}.", "", "## Cost model vs measurement", "", vtext,
           "## Best budget per batch size", ""]
-    page, summary = [], {"validation": vsum, "settings": {}}
-    for title, cs in settings(eff, curve, ctx, layers):
-        preds = bb.sweep(trace, kinds, budgets, batches, cs)
+    page, summary, cache = [], {"validation": vsum, "settings": {}}, {}
+    for title, cs in settings(fits, ms, ctx):
+        preds = bb.sweep(trace, kinds, budgets, batches, cs, cache=cache)
         md += [bb.markdown(preds, title), ""]
-        img = bb.plot(preds, title)
+        img = bb.plot(preds)
         page.append((title, bb.markdown(preds, title), img))
         summary["settings"][title] = {"best": {f"{k}@batch{b}": dataclasses.asdict(p)
                                                for (k, b), p in bb.best(preds).items()},

@@ -143,7 +143,7 @@ def prompts_hash(prompts) -> str:
 
 
 def synthetic(n_prompts: int, rounds: int, k: int, *, vocab: int = 4096, depth: int = 15, quality: float = 0.8,
-              rank_probs: tuple[float, ...] = (1.0,), seed: int = 0, category: str = "all") -> Trace:
+              rank_probs: tuple[float, ...] = (1.0,), seed: int = 0, category: str = "all", device="cpu") -> Trace:
     """A trace of the KeyedSyntheticDrafter over random continuations, without a target: its acceptance
     depends only on where it ranks the continuation's tokens, not on what they are (vocab only sets the
     noise; 4096 keeps it fast). Labelled synthetic in its metadata."""
@@ -151,13 +151,14 @@ def synthetic(n_prompts: int, rounds: int, k: int, *, vocab: int = 4096, depth: 
     prompts = [rng.integers(0, vocab, 8).tolist() for _ in range(n_prompts)]
     cont = rng.integers(0, vocab, (n_prompts, rounds + depth + 1))
     d = KeyedSyntheticDrafter([p + c.tolist() for p, c in zip(prompts, cont)], vocab, depth, quality, rank_probs,
-                              seed=seed)
+                              seed=seed, device=device)
     d.reset(n_prompts, len(prompts[0]) + cont.shape[1])
     lps, toks = [], []
     for j in range(rounds):
-        lp, tok = topk_logprobs(d.draft(torch.from_numpy(cont[:, j]), torch.full((n_prompts,), 8 + j), 0), k)
-        lps.append(lp.numpy())
-        toks.append(tok.to(torch.int32).numpy())
+        bonus, start = torch.from_numpy(cont[:, j]).to(device), torch.full((n_prompts,), 8 + j, device=device)
+        lp, tok = topk_logprobs(d.draft(bonus, start, 0), k)
+        lps.append(lp.cpu().numpy())
+        toks.append(tok.to(torch.int32).cpu().numpy())
     meta = {"format": FORMAT, "model": "none (synthetic continuation)", "drafter": d.name, "seed": seed, "k": k,
             "depth": depth, "rounds": rounds, "vocab_size": vocab, "temperature": 0.0}
     return Trace(tuple(tuple(p) for p in prompts), (category,) * n_prompts, cont.astype(np.int64),
