@@ -87,7 +87,7 @@ def run(case, ctx) -> Iterator[Record]:
     policy = Policy(kind=s.policy, budget=s.budget, max_width=s.max_width if s.policy == "ddtree_width_capped" else 0,
                     branching=tuple(s.branching) if s.policy == "static_kary" else (),
                     row_cost=row_cost if s.policy == "adaptive" else 0.0)
-    rec = ctx.record(case, "torch", dtype="replay")
+    rec = ctx.record(case, "torch", dtype=trace.meta.get("model_dtype", ""))
     rec.family = policy.label
     try:
         res = rp.replay(trace, policy)
