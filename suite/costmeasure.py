@@ -22,7 +22,7 @@ def chain_anc(rows: int, batch: int, device) -> torch.Tensor:
     return torch.from_numpy(np.ascontiguousarray(bits)).to(device).expand(batch, -1, -1).contiguous()
 
 
-class _ExpertCounter:
+class ExpertCounter:
     """Wraps moe.route while active: distinct experts of every routing call (one per MoE layer)."""
 
     def __init__(self):
@@ -57,7 +57,7 @@ def measure_cell(model, batch: int, rows: int, ctx: int, attn: str, device: str,
     def fwd():
         return model.forward(tokens, positions, cache, past, anc, kv_limit=kv_limit, attn=attn, tap_layers=())
 
-    with _ExpertCounter() as counter:
+    with ExpertCounter() as counter:
         fwd()
     t = timing.measure(fwd, warmup=2, repeat=repeat, device=device, flush_l2=False, shield=False)
     experts = float(np.mean(counter.counts)) if counter.counts else float("nan")

@@ -163,3 +163,22 @@ def test_replay_equals_live_on_the_trained_pair(policy):
     t = tr.record(model, prompts, 11, 64, lambda first, last: drafter, batch=2)
     live = generate(model, drafter, prompts, 12, policy)
     assert rp.live_taus(live) == [list(p.tau) for p in rp.replay(t, policy).prompts]
+
+
+def test_replay_kind_runs_the_committed_scenario(tmp_path):
+    """scenarios/replay_tiny.yaml: every policy passes the live check; modeled fields are labelled."""
+    from pathlib import Path
+
+    from kdbench import runner
+    from kdbench.results import load_records
+    path = Path(__file__).parents[1] / "scenarios" / "replay_tiny.yaml"
+    out = runner.run_scenarios([str(path)], str(tmp_path / "run"), "cpu", None, progress=False)
+    recs = load_records(tmp_path / "run")
+    assert out.exit_code == 0, [(r.case, r.reason) for r in recs]
+    live = [r for r in recs if r.case.startswith("policies")]
+    assert len(live) == 5 and all(r.status == "pass" for r in live)
+    assert {r.family.split("(")[0] for r in live} == {"chain", "ddtree", "ddtree_width_capped", "static_kary",
+                                                       "adaptive"}
+    budgets = sorted((r for r in recs if r.case.startswith("budgets")), key=lambda r: r.tau)
+    assert [r.family for r in budgets] == ["ddtree(B=4)", "ddtree(B=16)", "ddtree(B=64)"]
+    assert all(r.extra["modeled"] and r.predicted_speedup > 0 and r.extra["experts_per_layer"] > 0 for r in recs)

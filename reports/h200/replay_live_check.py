@@ -13,6 +13,7 @@ import torch
 
 from kdbench import bestbudget as bb
 from kdbench import costfit
+from kdbench.costmeasure import ExpertCounter
 from kdbench import replay as rp
 from kdbench import trace as tr
 from kdbench.backends import cuda_build
@@ -64,30 +65,44 @@ def main() -> None:
     generate(model, keyed(0, a.batch), prompts, 4, Policy("ddtree", best), backend=backend)     # warm-up
     ar = generate(model, None, prompts, a.rounds + 1, Policy("ar"), backend=backend)
     t_ar = step_median(ar)
-    rows = []
-    for b in chosen:
-        live = generate(model, keyed(0, a.batch), prompts, a.rounds + 1, Policy("ddtree", b), backend=backend)
-        p, t = preds[b], step_median(live)
-        same = rp.live_taus(live) == [list(x.tau) for x in rp.replay(trace, Policy("ddtree", b)).prompts]
-        rows.append({"budget": b, "predicted_best": b == best, "tau_replayed": p.tau, "tau_live": live.mean_tau,
-                     "replay_equals_live": same, "step_predicted_s": p.step_s, "step_measured_s": t,
-                     "step_error": p.step_s / t - 1, "speedup_predicted": p.speedup,
-                     "speedup_measured": live.mean_tau * t_ar / t, "ar_step_predicted_s": p.ar_step_s,
-                     "ar_step_measured_s": t_ar})
-    out = Path(a.out)
+    rows = [live_row(model, keyed, prompts, a, b, b == best, preds[b], trace, t_ar, backend) for b in chosen]
+    write(Path(a.out), a, backend, trace, rows, t_ar)
+
+
+def live_row(model, keyed, prompts, a, budget: int, is_best: bool, p, trace, t_ar: float, backend: str) -> dict:
+    """One live generate() at `budget`: step time, tau, replay == live, and the router's experts per verify."""
+    n_moe = sum(model.cfg.is_moe_layer(i) for i in range(model.cfg.n_layers))
+    live = generate(model, keyed(0, a.batch), prompts, a.rounds + 1, Policy("ddtree", budget), backend=backend)
+    t = step_median(live)
+    with ExpertCounter() as counter:   # a second, short run: the counter syncs the host, so it is not timed
+        generate(model, keyed(0, a.batch), prompts, min(a.rounds + 1, 16), Policy("ddtree", budget), backend=backend)
+    same = rp.live_taus(live) == [list(x.tau) for x in rp.replay(trace, Policy("ddtree", budget)).prompts]
+    verify_counts = counter.counts[n_moe:]                          # the first n_moe calls are the prefill's
+    return {"budget": budget, "predicted_best": is_best, "tau_replayed": p.tau, "tau_live": live.mean_tau,
+            "replay_equals_live": same, "step_predicted_s": p.step_s, "step_measured_s": t,
+            "step_error": p.step_s / t - 1, "speedup_predicted": p.speedup, "speedup_measured": live.mean_tau * t_ar / t,
+            "ar_step_predicted_s": p.ar_step_s, "ar_step_measured_s": t_ar, "experts_modeled": p.experts,
+            "experts_live": float(np.mean(verify_counts)) if verify_counts else float("nan")}
+
+
+def write(out: Path, a, backend: str, trace, rows: list[dict], t_ar: float) -> None:
     out.mkdir(parents=True, exist_ok=True)
     (out / "live_check.json").write_text(json.dumps({"model": a.model, "batch": a.batch, "backend": backend,
                                                      "drafter": trace.meta["drafter"], "rows": rows}, indent=1))
     lines = [f"# Live check at the predicted best DDTree budget ({a.model}, batch {a.batch}, {backend}, "
              f"{trace.meta['drafter']})", "", "| budget | tau replayed | tau live | replay == live | step ms "
-             "modeled | step ms measured | error | speedup modeled | speedup measured |",
-             "| ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: |"]
+             "modeled | step ms measured | error | speedup modeled | speedup measured | experts modeled | "
+             "experts live (router, real trees) |", "| ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: "
+             "| ---: | ---: |"]
     for r in rows:
         lines.append(f"| {r['budget']}{' (best)' if r['predicted_best'] else ''} | {r['tau_replayed']:.2f} | "
                      f"{r['tau_live']:.2f} | {r['replay_equals_live']} | {r['step_predicted_s'] * 1e3:.2f} | "
                      f"{r['step_measured_s'] * 1e3:.2f} | {r['step_error'] * 100:+.1f} % | "
-                     f"{r['speedup_predicted']:.2f}x | {r['speedup_measured']:.2f}x |")
-    lines.append(f"\nAR step: modeled {rows[0]['ar_step_predicted_s'] * 1e3:.2f} ms, measured {t_ar * 1e3:.2f} ms.")
+                     f"{r['speedup_predicted']:.2f}x | {r['speedup_measured']:.2f}x | {r['experts_modeled']:.0f} | "
+                     f"{r['experts_live']:.0f} |")
+    lines.append(f"\nAR step: modeled {rows[0]['ar_step_predicted_s'] * 1e3:.2f} ms, measured {t_ar * 1e3:.2f} ms. "
+                 "Step times are medians over the run's steps (CUDA events, eager); bf16 runs can leave the "
+                 "replayed continuation at a near-tie (plans/0009), then tau live != tau replayed.")
     (out / "live_check.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 
