@@ -10,7 +10,6 @@ from dataclasses import dataclass
 from kdbench import plots
 from kdbench.engine.stages import Policy
 from kdbench.model.drafter import DrafterConfig
-from kdbench.references.model_config import ModelConfig
 
 from . import costmodel as cm
 from .replay import replay
@@ -35,21 +34,14 @@ class Prediction:
     verify_gb: float     # bytes the verify forward moves, GB
 
 
-@dataclass(frozen=True)
-class CostSetting:
-    """Which model, context and efficiencies the step times come from."""
-    cfg: ModelConfig
-    ctx: int
-    eff: cm.Efficiency
-    experts: cm.ExpertCurve = cm.ExpertCurve()
-    hw: cm.Hardware = cm.H200
+CostSetting = cm.CostSetting
 
 
 def row_cost(cs: CostSetting, batch: int, depth: int) -> float:
     """Marginal verify cost of one tree row over a root-only speculative step (the adaptive policy's unit)."""
     dc = _drafter(cs, depth)
-    t0 = cm.spec_step(cs.cfg, batch, 0, cs.ctx, cs.eff, cs.experts, dc, cs.hw).seconds
-    t1 = cm.spec_step(cs.cfg, batch, REF_BUDGET, cs.ctx, cs.eff, cs.experts, dc, cs.hw).seconds
+    t0 = cm.spec_step(cs, batch, 0, dc).seconds
+    t1 = cm.spec_step(cs, batch, REF_BUDGET, dc).seconds
     return (t1 - t0) / (REF_BUDGET * t0)
 
 
@@ -66,7 +58,7 @@ def sweep(trace: Trace, kinds: list[dict], budgets: list[int], batches: list[int
     cache = {} if cache is None else cache
     out = []
     for batch in batches:
-        ar = cm.ar_step(cs.cfg, batch, cs.ctx, cs.eff, cs.experts, cs.hw)
+        ar = cm.ar_step(cs, batch)
         rc = row_cost(cs, batch, trace.depth)
         for spec in kinds:
             for budget in budgets:
@@ -78,7 +70,7 @@ def sweep(trace: Trace, kinds: list[dict], budgets: list[int], batches: list[int
                 r = cache[policy]
                 rows = r.mean_nodes
                 nodes = max(int(round(rows)) - 1, 0)
-                step = cm.spec_step(cs.cfg, batch, nodes, cs.ctx, cs.eff, cs.experts, dc, cs.hw)
+                step = cm.spec_step(cs, batch, nodes, dc)
                 out.append(Prediction(spec["kind"], policy.label, budget, batch, r.mean_tau, rows, step.seconds,
                                       ar.seconds, batch * r.mean_tau / step.seconds,
                                       r.mean_tau * ar.seconds / step.seconds, step.experts, step.bytes / 1e9))

@@ -81,7 +81,7 @@ def fit(ms, curve: ExpertCurve, attn_eff: float = KDBENCH_ATTN_EFF, hw: Hardware
         label: str = "") -> Efficiency:
     """t = overhead + layer_s * layers + G / e_gemm + M / e_moe + A / attn_eff, least squares on relative
     error (rows weighted by 1 / t). layer_s is fitted only when the measurements span two layer counts."""
-    fl = [floors(get_preset(m.model), m.batch, m.rows, m.ctx, curve, hw) for m in ms]
+    fl = [floors(get_preset(m.model), m.batch, m.rows, m.ctx, experts=curve, hw=hw) for m in ms]
     layers = {f.layers for f in fl}
     cols = [[1.0] + ([float(f.layers)] if len(layers) > 1 else []) + [f.gemm_s, f.moe_s] for f in fl]
     A = np.array(cols)
@@ -131,7 +131,7 @@ class Cell:
 def validate(ms, eff: Efficiency, curve: ExpertCurve, hw: Hardware = H200) -> list[Cell]:
     out = []
     for m in ms:
-        f = floors(get_preset(m.model), m.batch, m.rows, m.ctx, curve, hw)
+        f = floors(get_preset(m.model), m.batch, m.rows, m.ctx, experts=curve, hw=hw)
         t = forward_time(f, eff)
         out.append(Cell(m, t, t / m.seconds - 1.0, f.experts, f.bytes))
     return out

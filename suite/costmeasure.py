@@ -41,7 +41,7 @@ class ExpertCounter:
         moe.route = self.orig
 
 
-def measure_cell(model, batch: int, rows: int, ctx: int, attn: str, device: str, repeat: int, seed: int
+def measure_cell(model, batch: int, rows: int, ctx: int, *, attn: str, device: str, repeat: int, seed: int
                  ) -> Measurement:
     """Median forward seconds (CUDA events, back to back, no L2 flush: steady decoding) and the experts."""
     g = torch.Generator(device="cpu").manual_seed(seed)
@@ -64,7 +64,8 @@ def measure_cell(model, batch: int, rows: int, ctx: int, attn: str, device: str,
     return Measurement(model.cfg.name, batch, rows, ctx, t.median_s, experts, f"measured {attn} attention")
 
 
-def run_grid(models, batches, rows, ctx: int, device: str, attn: str, repeat: int, log=print) -> list[Measurement]:
+def run_grid(models, batches, rows, ctx: int, *, device: str, attn: str, repeat: int, log=print
+             ) -> list[Measurement]:
     """Every (model, batch, rows) cell; a cell that fails (out of memory) is logged and skipped."""
     out = []
     dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32
@@ -73,7 +74,7 @@ def run_grid(models, batches, rows, ctx: int, device: str, attn: str, repeat: in
         for b in batches:
             for r in rows:
                 try:
-                    m = measure_cell(model, b, r, ctx, attn, device, repeat, seed=b * 1000 + r)
+                    m = measure_cell(model, b, r, ctx, attn=attn, device=device, repeat=repeat, seed=b * 1000 + r)
                 except torch.OutOfMemoryError as exc:
                     log(f"{name} batch {b} rows {r}: out of memory ({str(exc)[:80]})")
                     torch.cuda.empty_cache()

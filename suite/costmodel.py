@@ -109,7 +109,7 @@ def _bilinear(points, batch: int, rows: int) -> float:
     return top * (1 - fb) + bot * fb
 
 
-def floors(cfg: ModelConfig, batch: int, rows: int, ctx: int, experts: ExpertCurve = ExpertCurve(),
+def floors(cfg: ModelConfig, batch: int, rows: int, ctx: int, *, experts: ExpertCurve = ExpertCurve(),
            hw: Hardware = H200) -> Floors:
     """The target forward of batch x rows new rows over ctx committed rows (AR: rows = 1)."""
     M, d = batch * rows, cfg.hidden
@@ -177,9 +177,18 @@ def drafter_floors(dc: DrafterConfig, cfg: ModelConfig, batch: int, ctx: int, hw
                   0.0, dc.n_layers)
 
 
-def draft_time(dc: DrafterConfig, cfg: ModelConfig, batch: int, ctx: int, eff: Efficiency,
-               hw: Hardware = H200) -> float:
-    return eff.draft_overhead_s + work_time(drafter_floors(dc, cfg, batch, ctx, hw), eff)
+@dataclass(frozen=True)
+class CostSetting:
+    """Which model, context, efficiencies, expert curve and hardware a modeled step time comes from."""
+    cfg: ModelConfig
+    ctx: int
+    eff: Efficiency
+    experts: ExpertCurve = ExpertCurve()
+    hw: Hardware = H200
+
+
+def draft_time(dc: DrafterConfig, cs: CostSetting, batch: int) -> float:
+    return cs.eff.draft_overhead_s + work_time(drafter_floors(dc, cs.cfg, batch, cs.ctx, cs.hw), cs.eff)
 
 
 @dataclass(frozen=True)
@@ -194,21 +203,19 @@ class StepCost:
     rows: int
 
 
-def ar_step(cfg, batch: int, ctx: int, eff: Efficiency, experts: ExpertCurve = ExpertCurve(),
-            hw: Hardware = H200) -> StepCost:
-    f = floors(cfg, batch, 1, ctx, experts, hw)
-    t = forward_time(f, eff)
+def ar_step(cs: CostSetting, batch: int) -> StepCost:
+    f = floors(cs.cfg, batch, 1, cs.ctx, experts=cs.experts, hw=cs.hw)
+    t = forward_time(f, cs.eff)
     return StepCost(t, t, 0.0, 0.0, 0.0, f.experts, f.bytes, 1)
 
 
-def spec_step(cfg, batch: int, nodes: int, ctx: int, eff: Efficiency, experts: ExpertCurve = ExpertCurve(),
-              drafter: DrafterConfig | None = None, hw: Hardware = H200) -> StepCost:
+def spec_step(cs: CostSetting, batch: int, nodes: int, drafter: DrafterConfig | None = None) -> StepCost:
     """Draft + build + verify of nodes + 1 rows per request + accept + compact. drafter: the block drafter's
     config (default DrafterConfig.for_target(cfg): one layer, L = 15)."""
-    dc = drafter or DrafterConfig.for_target(cfg)
-    f = floors(cfg, batch, nodes + 1, ctx, experts, hw)
-    verify = forward_time(f, eff)
-    draft = draft_time(dc, cfg, batch, ctx, eff, hw)
-    build = build_time(batch, nodes, cfg.vocab_size, dc.depth) if nodes > 0 else 0.0
+    dc = drafter or DrafterConfig.for_target(cs.cfg)
+    f = floors(cs.cfg, batch, nodes + 1, cs.ctx, experts=cs.experts, hw=cs.hw)
+    verify = forward_time(f, cs.eff)
+    draft = draft_time(dc, cs, batch)
+    build = build_time(batch, nodes, cs.cfg.vocab_size, dc.depth) if nodes > 0 else 0.0
     other = ACCEPT_S + COMPACT_S
     return StepCost(verify + draft + build + other, verify, draft, build, other, f.experts, f.bytes, nodes + 1)

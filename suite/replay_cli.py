@@ -86,7 +86,8 @@ def _trace(args) -> int:
     else:
         t = _record(args)
     tr.save(args.out, t)
-    print(f"trace: {args.out} ({t.n_prompts} prompts x {t.rounds} rounds, L {t.depth}, top-{t.k}; {t.meta.get('drafter')})")
+    print(f"trace: {args.out} ({t.n_prompts} prompts x {t.rounds} rounds, L {t.depth}, top-{t.k}; "
+          f"{t.meta.get('drafter')})")
     return 0
 
 

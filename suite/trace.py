@@ -90,7 +90,8 @@ def record(model, prompts: list[list[int]], rounds: int, k: int, drafter_for: Dr
             "weights_sha256": weights_hash(model.w), "drafter": getattr(drafter, "name", type(drafter).__name__),
             "drafter_weights_sha256": weights_hash(drafter.w) if hasattr(drafter, "w") else "",
             "prompts_sha256": prompts_hash(prompts), "backend": backend, "device": str(model.device),
-            "temperature": 0.0, "k": k, "depth": drafter.depth, "rounds": rounds, **(meta or {})}
+            "temperature": 0.0, "k": k, "depth": drafter.depth, "rounds": rounds, "vocab_size": model.cfg.vocab_size,
+            **(meta or {})}
     cats = tuple(categories) if categories is not None else ("all",) * len(prompts)
     return Trace(tuple(tuple(int(t) for t in p) for p in prompts), cats,
                  np.concatenate([c for c, _, _ in parts]), np.concatenate([lp for _, lp, _ in parts]),

@@ -55,7 +55,7 @@ def test_expert_curve_interpolates_and_clamps():
 def test_fit_recovers_known_efficiencies():
     truth = cm.Efficiency(gemm=0.55, moe=0.8, attn=0.5, overhead_s=3e-3, layer_s=0.4e-3)
     curve = costfit.expert_curve(costfit.H200_FACTS)
-    ms = [costfit.Measurement(model, b, r, 1024, cm.forward_time(cm.floors(get_preset(model), b, r, 1024, curve),
+    ms = [costfit.Measurement(model, b, r, 1024, cm.forward_time(cm.floors(get_preset(model), b, r, 1024, experts=curve),
                                                                  truth))
           for model in ("kimi-k2-slice-2", "kimi-k2-slice-4") for b in (1, 8, 32) for r in (1, 17, 65, 257)]
     got = costfit.fit(ms, curve, attn_eff=0.5)
@@ -77,9 +77,10 @@ def test_build_time_fits_its_measurements():
 
 
 def test_step_costs_grow_with_the_tree():
-    cfg, eff = get_preset("kimi-k2-slice-2"), cm.SERVING
-    steps = [cm.spec_step(cfg, 8, n, 1024, eff).seconds for n in (0, 16, 64, 256)]
-    assert steps == sorted(steps) and cm.ar_step(cfg, 8, 1024, eff).seconds < steps[0]
+    cfg = get_preset("kimi-k2-slice-2")
+    cs = cm.CostSetting(cfg, 1024, cm.SERVING)
+    steps = [cm.spec_step(cs, 8, n).seconds for n in (0, 16, 64, 256)]
+    assert steps == sorted(steps) and cm.ar_step(cs, 8).seconds < steps[0]
     assert cm.floors(cfg, 8, 65, 1024).experts > cm.floors(cfg, 8, 1, 1024).experts
 
 
@@ -105,7 +106,7 @@ def test_chain_anc_is_the_engine_chain():
 def test_measure_cell_on_the_cpu():
     from kdbench.engine.engine import target_from_preset
     model = target_from_preset("tiny-groups", seed=0, dtype=torch.float32)
-    m = costmeasure.measure_cell(model, 2, 9, 20, "torch", "cpu", repeat=1, seed=0)
+    m = costmeasure.measure_cell(model, 2, 9, 20, attn="torch", device="cpu", repeat=1, seed=0)
     assert m.seconds > 0 and model.cfg.n_experts_per_tok <= m.experts <= model.cfg.n_routed_experts
 
 

@@ -41,7 +41,8 @@ def main() -> None:
             print(f"deadline: {name} skipped")
             continue
         ms += costmeasure.run_grid([name], [int(x) for x in a.batches.split(",")],
-                                   [int(x) for x in a.rows.split(",")], a.ctx, device, attn, a.repeat)
+                                   [int(x) for x in a.rows.split(",")], a.ctx, device=device, attn=attn,
+                                   repeat=a.repeat)
         costfit.dump(out / "costmodel_measurements.jsonl", ms)     # partial results survive a kill
         print(f"{name} done at {time.time() - t0:.0f} s")
     report(ms, attn, out)

@@ -6,6 +6,7 @@ time, tau and speedup beside the predictions. Usage:
 Writes OUT_DIR/live_check.json and OUT_DIR/live_check.md."""
 import argparse
 import json
+import types
 from pathlib import Path
 
 import numpy as np
@@ -65,12 +66,16 @@ def main() -> None:
     generate(model, keyed(0, a.batch), prompts, 4, Policy("ddtree", best), backend=backend)     # warm-up
     ar = generate(model, None, prompts, a.rounds + 1, Policy("ar"), backend=backend)
     t_ar = step_median(ar)
-    rows = [live_row(model, keyed, prompts, a, b, b == best, preds[b], trace, t_ar, backend) for b in chosen]
-    write(Path(a.out), a, backend, trace, rows, t_ar)
+    env = types.SimpleNamespace(model=model, keyed=keyed, prompts=prompts, a=a, trace=trace, t_ar=t_ar,
+                                backend=backend)
+    rows = [live_row(env, b, b == best, preds[b]) for b in chosen]
+    write(Path(a.out), env, rows)
 
 
-def live_row(model, keyed, prompts, a, budget: int, is_best: bool, p, trace, t_ar: float, backend: str) -> dict:
+def live_row(env, budget: int, is_best: bool, p) -> dict:
     """One live generate() at `budget`: step time, tau, replay == live, and the router's experts per verify."""
+    model, keyed, prompts, a, trace, t_ar, backend = (env.model, env.keyed, env.prompts, env.a, env.trace, env.t_ar,
+                                                      env.backend)
     n_moe = sum(model.cfg.is_moe_layer(i) for i in range(model.cfg.n_layers))
     live = generate(model, keyed(0, a.batch), prompts, a.rounds + 1, Policy("ddtree", budget), backend=backend)
     t = step_median(live)
@@ -80,12 +85,14 @@ def live_row(model, keyed, prompts, a, budget: int, is_best: bool, p, trace, t_a
     verify_counts = counter.counts[n_moe:]                          # the first n_moe calls are the prefill's
     return {"budget": budget, "predicted_best": is_best, "tau_replayed": p.tau, "tau_live": live.mean_tau,
             "replay_equals_live": same, "step_predicted_s": p.step_s, "step_measured_s": t,
-            "step_error": p.step_s / t - 1, "speedup_predicted": p.speedup, "speedup_measured": live.mean_tau * t_ar / t,
+            "step_error": p.step_s / t - 1, "speedup_predicted": p.speedup,
+            "speedup_measured": live.mean_tau * t_ar / t,
             "ar_step_predicted_s": p.ar_step_s, "ar_step_measured_s": t_ar, "experts_modeled": p.experts,
             "experts_live": float(np.mean(verify_counts)) if verify_counts else float("nan")}
 
 
-def write(out: Path, a, backend: str, trace, rows: list[dict], t_ar: float) -> None:
+def write(out: Path, env, rows: list[dict]) -> None:
+    a, backend, trace, t_ar = env.a, env.backend, env.trace, env.t_ar
     out.mkdir(parents=True, exist_ok=True)
     (out / "live_check.json").write_text(json.dumps({"model": a.model, "batch": a.batch, "backend": backend,
                                                      "drafter": trace.meta["drafter"], "rows": rows}, indent=1))
