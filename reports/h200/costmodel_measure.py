@@ -1,5 +1,6 @@
 """One-call H200 check of the verify-cost model (plans/0008-cost-model.md): forward time and router experts of
-kimi-k2-slice-2 and slice-4 at batch 1/8/32 and chain trees of budget 0 (AR)/16/64/256 at past 1024, then the
+kimi-k2-slice-2 and slice-4 at batch 1/8/32 and chain trees of budget 0 (AR)/16/64/256 at past 1024 (and slice-2
+at past 8192, 65 rows: the context term), then the
 model's predictions beside them: fitted to these cells (in-sample and leave-one-out) and, out of sample, the
 model fitted to the 2026-12-01 slice-2 table of device/h200_facts.md. About 2 minutes on one H200.
 
@@ -27,6 +28,8 @@ def main() -> None:
     ap.add_argument("--ctx", type=int, default=1024)
     ap.add_argument("--repeat", type=int, default=8)
     ap.add_argument("--deadline-s", type=float, default=170.0)
+    ap.add_argument("--long-ctx", type=int, default=8192,
+                    help="also the first model at this context, batch 1/8/32 x 65 rows (0: skip)")
     a = ap.parse_args()
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -43,6 +46,9 @@ def main() -> None:
         ms += costmeasure.run_grid([name], [int(x) for x in a.batches.split(",")],
                                    [int(x) for x in a.rows.split(",")], a.ctx, device=device, attn=attn,
                                    repeat=a.repeat)
+        if a.long_ctx and name == a.models.split(",")[0]:
+            ms += costmeasure.run_grid([name], [int(x) for x in a.batches.split(",")], [65], a.long_ctx,
+                                       device=device, attn=attn, repeat=a.repeat)
         costfit.dump(out / "costmodel_measurements.jsonl", ms)     # partial results survive a kill
         print(f"{name} done at {time.time() - t0:.0f} s")
     report(ms, attn, out)
