@@ -138,16 +138,21 @@ class GenerationShape:
         return None
 
     def _static_tree(self):
-        if self.policy != "static_kary":
-            return None
-        if not self.branching or min(self.branching) < 1 or max(self.branching) > MAX_BUDGET:
-            return "branching", f"got {list(self.branching)}, expected a non-empty list of integers >= 1 (each at most {MAX_BUDGET})"
-        if len(self.branching) > self.draft_len:
-            return "branching", f"{len(self.branching)} levels, deeper than the drafter (draft_len {self.draft_len})"
-        nodes = sum(math.prod(self.branching[:d]) for d in range(1, len(self.branching) + 1))
-        if nodes > MAX_BUDGET:
-            return "branching", f"{list(self.branching)} makes a {nodes}-node tree, above the limit {MAX_BUDGET}"
+        return _static_tree(self.policy, self.branching, self.draft_len)
+
+
+def _static_tree(policy: str, branching: tuple[int, ...], depth: int):
+    """A static_kary tree must fit the drafter's depth and the budget limit."""
+    if policy != "static_kary":
         return None
+    if not branching or min(branching) < 1 or max(branching) > MAX_BUDGET:
+        return "branching", f"got {list(branching)}, expected a non-empty list of integers >= 1 (each at most {MAX_BUDGET})"
+    if len(branching) > depth:
+        return "branching", f"{len(branching)} levels, deeper than the drafter (draft_len {depth})"
+    nodes = sum(math.prod(branching[:d]) for d in range(1, len(branching) + 1))
+    if nodes > MAX_BUDGET:
+        return "branching", f"{list(branching)} makes a {nodes}-node tree, above the limit {MAX_BUDGET}"
+    return None
 
 
 def _nonneg(obj, *names):
@@ -169,6 +174,9 @@ class TopologyShape:
 
     def validate(self):
         return _budget(self.budget) or _positive(self, "gpus", "batch")
+
+
+REPLAY_DEPTH = 15   # the traced drafters' L (the keyed synthetic and block drafters' default)
 
 
 @dataclass(frozen=True)
@@ -196,17 +204,26 @@ class ReplayShape:
 
     def validate(self):
         from kdbench.references.model_config import get_preset
+        cfgs = {}
         for key in ("model", "cost_model"):
             try:
-                get_preset(getattr(self, key))
+                cfgs[key] = get_preset(getattr(self, key))
             except KeyError:
                 return key, f"got {getattr(self, key)!r}, expected a model preset"
+            if cfgs[key].n_layers > MAX_LAYERS:
+                return key, f"got {cfgs[key].n_layers} layers, expected at most {MAX_LAYERS} (the full model)"
         if not 0.0 < self.quality <= 1.0:
             return "quality", f"got {self.quality}, expected a probability in (0, 1]"
         if self.k < max(self.budget, 1) and self.policy in ("ddtree", "adaptive"):
             return "k", f"got {self.k}, expected >= budget {self.budget} (the trace must hold top-budget drafts)"
-        return _budget(self.budget) or _positive(self, "prompts", "prompt_len", "rounds", "k", "max_width", "batch",
-                                                 "ctx")
+        need = self.prompt_len + self.rounds + 3 * (REPLAY_DEPTH + 1)   # + the continuation's tail and one tree
+        if not self.trace and need > cfgs["model"].max_seq_len:
+            return "rounds", (f"prompt_len {self.prompt_len} + rounds {self.rounds} + {3 * (REPLAY_DEPTH + 1)} = "
+                              f"{need} exceeds {self.model}'s max_seq_len {cfgs['model'].max_seq_len}")
+        if not -1.0 <= self.row_cost < math.inf:
+            return "row_cost", f"got {self.row_cost}, expected a finite number >= 0 (or < 0: from the cost model)"
+        return (_budget(self.budget) or _positive(self, "prompts", "prompt_len", "rounds", "k", "max_width", "batch",
+                                                  "ctx") or _static_tree(self.policy, self.branching, REPLAY_DEPTH))
 
 
 FAMILY_SHAPES = {

@@ -182,3 +182,19 @@ def test_replay_kind_runs_the_committed_scenario(tmp_path):
     budgets = sorted((r for r in recs if r.case.startswith("budgets")), key=lambda r: r.tau)
     assert [r.family for r in budgets] == ["ddtree(B=4)", "ddtree(B=16)", "ddtree(B=64)"]
     assert all(r.extra["modeled"] and r.predicted_speedup > 0 and r.extra["experts_per_layer"] > 0 for r in recs)
+
+
+@pytest.mark.parametrize("shape,message", [
+    ("{k: 16, budget: 64}", "expected >= budget 64"),
+    ("{policy: static_kary, branching: [2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2]}", "deeper than the drafter"),
+    ("{rounds: 5000}", "exceeds tiny's max_seq_len"),
+    ("{cost_model: nope}", "expected a model preset"),
+    ("{row_cost: .inf}", "row_cost"),
+])
+def test_replay_shape_rejects_bad_input(tmp_path, shape, message):
+    from kdbench import config
+    from kdbench.errors import ScenarioError
+    path = tmp_path / "bad.yaml"
+    path.write_text(f"name: bad\nkind: replay\ncases:\n  - name: c\n    shape: {shape}\n")
+    with pytest.raises(ScenarioError, match=message):
+        config.load(path)
