@@ -47,7 +47,7 @@ def measure_cell(model, batch: int, rows: int, ctx: int, *, attn: str, device: s
     g = torch.Generator(device="cpu").manual_seed(seed)
     V = model.cfg.vocab_size
     cache = model.new_cache(batch, ctx + rows + 64)
-    cache.kv.copy_(torch.randn(cache.kv.shape, generator=g).to(cache.kv.dtype) * 0.5)
+    cache.kv.normal_(0.0, 0.5, generator=torch.Generator(device=model.device).manual_seed(seed))  # no NaN rows
     past = torch.full((batch,), ctx, dtype=torch.int32, device=model.device)
     tokens = torch.randint(0, V, (batch, rows), generator=g).to(model.device)
     positions = (ctx + torch.arange(rows))[None].expand(batch, rows).to(model.device)
