@@ -23,6 +23,7 @@ from kdbench.model.keyed import KeyedSyntheticDrafter
 from kdbench.model.synthetic import greedy_oracle
 from kdbench.references.model_config import get_preset
 from kdbench.results import Record
+from kdbench.shapes import GenerationShape
 
 
 def ranks(q: float) -> tuple[float, ...]:
@@ -38,8 +39,7 @@ def make_trace(s, scenario: str, device: str, batch: int = 8, seed: int = 0, ctx
     if s.drafter == "synthetic-only":
         return tr.synthetic(s.prompts, s.rounds, s.k, quality=s.quality, rank_probs=ranks(s.quality), seed=seed,
                             category=s.category), None, None, None
-    shape = types.SimpleNamespace(model=s.model, dtype="auto", prompts=s.prompts, prompt_len=s.prompt_len,
-                                  category=s.category)
+    shape = GenerationShape(model=s.model, prompts=s.prompts, prompt_len=s.prompt_len, category=s.category)
     case = types.SimpleNamespace(shape=shape, scenario=scenario)
     if s.drafter == "pair":
         model, drafter = load_pair(device)
