@@ -22,7 +22,6 @@ from kdbench import kdtr
 from kdbench.backends.torch_ops import topk_logprobs
 from kdbench.engine import engine as eng
 from kdbench.engine.stages import Policy
-from kdbench.engine.state import EngineState
 from kdbench.model.keyed import KeyedSyntheticDrafter
 
 FORMAT = "kdbench-trace/1"
@@ -101,9 +100,7 @@ def record(model, prompts: list[list[int]], rounds: int, k: int, drafter_for: Dr
 def _record_batch(model, prompts, rounds: int, k: int, drafter, backend: str):
     L = drafter.depth
     G = rounds + L + 1
-    run = eng._plan(model, drafter, prompts, G, Policy("chain", budget=L), 0.0, 0, backend)
-    st = EngineState.allocate(model.new_cache(len(prompts), run.max_len), G, slack=2 * (L + 1), budget=L)
-    eng._prefill(run, st, prompts)
+    run, st = eng.prepare(eng.Request(model, drafter, prompts, G, Policy("chain", budget=L), 0.0, 0, backend))
     lps, toks, ones = [], [], torch.ones(len(prompts), dtype=torch.int32, device=model.device)
     for j in range(G - 1):
         lens = st.cache.lengths

@@ -14,13 +14,12 @@ from kdbench import bestbudget as bb
 from kdbench import costfit, costmodel
 from kdbench import replay as rp
 from kdbench import trace as tr
-from kdbench.engine.engine import generate
+from kdbench.engine.engine import generate, greedy_oracle
 from kdbench.engine.stages import Policy
 from kdbench.errors import UserError
 from kdbench.kinds import generation as gen
 from kdbench.model.drafter import BlockDrafter
 from kdbench.model.keyed import KeyedSyntheticDrafter
-from kdbench.model.synthetic import greedy_oracle
 from kdbench.references.model_config import get_preset
 from kdbench.results import Record
 from kdbench.shapes import GenerationShape
