@@ -7,7 +7,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from kdbench import interrupts
+from kdbench import interrupts, replay_cli
 from kdbench.errors import UserError
 
 
@@ -184,6 +184,7 @@ def build_parser() -> argparse.ArgumentParser:
     n.add_argument("--baselines", default="reports/baselines", help="baseline root (one folder per GPU)")
     n.add_argument("--update-baseline", metavar="RUN_DIR", help="accept RUN_DIR as the new baseline")
     n.set_defaults(func=_nightly)
+    replay_cli.add_commands(sub)   # trace, replay (suite/replay_cli.py)
     return p
 
 

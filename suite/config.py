@@ -1,6 +1,6 @@
 """Scenario files: YAML (safe_load only) -> frozen dataclasses -> expanded cases, each with its own seed.
 
-A scenario has a kind (kernel | acceptance | e2e | topology) and a list of cases. A case names its kernel
+A scenario has a kind (kernel | acceptance | e2e | topology | replay) and a list of cases. A case names its kernel
 family (kernel kind), its backends, its `shape`, and optional `sweep` axes (dotted keys such as
 `shape.budget` or `dtype`, each a list) that expand to the cartesian product of cases.
 """
@@ -22,7 +22,7 @@ from kdbench.errors import ScenarioError, UserError
 from kdbench.backends import registry
 from kdbench.shapes import FAMILY_SHAPES, KIND_SHAPES
 
-Kind = Literal["kernel", "acceptance", "e2e", "topology"]
+Kind = Literal["kernel", "acceptance", "e2e", "topology", "replay"]
 Dtype = Literal["float32", "bfloat16", "float64"]
 
 MAX_CASES = 5000                  # expanded cases per run unless --max-cases raises it (~hours on a GPU)

@@ -138,16 +138,21 @@ class GenerationShape:
         return None
 
     def _static_tree(self):
-        if self.policy != "static_kary":
-            return None
-        if not self.branching or min(self.branching) < 1 or max(self.branching) > MAX_BUDGET:
-            return "branching", f"got {list(self.branching)}, expected a non-empty list of integers >= 1 (each at most {MAX_BUDGET})"
-        if len(self.branching) > self.draft_len:
-            return "branching", f"{len(self.branching)} levels, deeper than the drafter (draft_len {self.draft_len})"
-        nodes = sum(math.prod(self.branching[:d]) for d in range(1, len(self.branching) + 1))
-        if nodes > MAX_BUDGET:
-            return "branching", f"{list(self.branching)} makes a {nodes}-node tree, above the limit {MAX_BUDGET}"
+        return _static_tree(self.policy, self.branching, self.draft_len)
+
+
+def _static_tree(policy: str, branching: tuple[int, ...], depth: int):
+    """A static_kary tree must fit the drafter's depth and the budget limit."""
+    if policy != "static_kary":
         return None
+    if not branching or min(branching) < 1 or max(branching) > MAX_BUDGET:
+        return "branching", f"got {list(branching)}, expected a non-empty list of integers >= 1 (each at most {MAX_BUDGET})"
+    if len(branching) > depth:
+        return "branching", f"{len(branching)} levels, deeper than the drafter (draft_len {depth})"
+    nodes = sum(math.prod(branching[:d]) for d in range(1, len(branching) + 1))
+    if nodes > MAX_BUDGET:
+        return "branching", f"{list(branching)} makes a {nodes}-node tree, above the limit {MAX_BUDGET}"
+    return None
 
 
 def _nonneg(obj, *names):
@@ -171,13 +176,64 @@ class TopologyShape:
         return _budget(self.budget) or _positive(self, "gpus", "batch")
 
 
+REPLAY_DEPTH = 15   # the traced drafters' L (the keyed synthetic and block drafters' default)
+
+
+@dataclass(frozen=True)
+class ReplayShape:
+    """Replay cases: a trace (recorded here, or a .kdtr file), one tree policy at one budget, tau replayed and the
+    step time modeled at `batch` for the `cost_model` preset (plans/0009, plans/0008)."""
+    model: str = "tiny"              # target preset the trace is recorded on (ignored with `trace` or synthetic-only)
+    trace: str = ""                  # a .kdtr trace file; "" = record one with the keys below
+    drafter: Literal["keyed", "block", "pair", "synthetic-only"] = "keyed"
+    quality: float = 0.8             # synthetic drafters: probability mass on the true token
+    prompts: int = 4
+    prompt_len: int = 16
+    category: Literal["random", "repetitive"] = "random"
+    rounds: int = 31                 # rounds recorded per prompt (max_new_tokens = rounds + 1)
+    k: int = 64                      # top-K recorded per depth (>= the largest budget replayed)
+    policy: Literal["chain", "ddtree", "ddtree_width_capped", "static_kary", "adaptive"] = "ddtree"
+    budget: int = 64
+    max_width: int = 4               # ddtree_width_capped
+    branching: tuple[int, ...] = (4, 2, 1)  # static_kary
+    row_cost: float = -1.0           # adaptive: one tree row's cost over a root-only step; < 0 = from the cost model
+    batch: int = 1                   # batch size of the modeled step time
+    cost_model: str = "kimi-k2-slice-2"  # preset whose step time is modeled
+    ctx: int = 1024                  # committed context of the modeled step
+    check_live: bool = False         # also run generate() live and require equal tau round by round
+
+    def validate(self):
+        from kdbench.references.model_config import get_preset
+        cfgs = {}
+        for key in ("model", "cost_model"):
+            try:
+                cfgs[key] = get_preset(getattr(self, key))
+            except KeyError:
+                return key, f"got {getattr(self, key)!r}, expected a model preset"
+            if cfgs[key].n_layers > MAX_LAYERS:
+                return key, f"got {cfgs[key].n_layers} layers, expected at most {MAX_LAYERS} (the full model)"
+        if not 0.0 < self.quality <= 1.0:
+            return "quality", f"got {self.quality}, expected a probability in (0, 1]"
+        if self.k < max(self.budget, 1) and self.policy in ("ddtree", "adaptive"):
+            return "k", f"got {self.k}, expected >= budget {self.budget} (the trace must hold top-budget drafts)"
+        need = self.prompt_len + self.rounds + 3 * (REPLAY_DEPTH + 1)   # + the continuation's tail and one tree
+        if not self.trace and need > cfgs["model"].max_seq_len:
+            return "rounds", (f"prompt_len {self.prompt_len} + rounds {self.rounds} + {3 * (REPLAY_DEPTH + 1)} = "
+                              f"{need} exceeds {self.model}'s max_seq_len {cfgs['model'].max_seq_len}")
+        if not -1.0 <= self.row_cost < math.inf:
+            return "row_cost", f"got {self.row_cost}, expected a finite number >= 0 (or < 0: from the cost model)"
+        return (_budget(self.budget) or _positive(self, "prompts", "prompt_len", "rounds", "k", "max_width", "batch",
+                                                  "ctx") or _static_tree(self.policy, self.branching, REPLAY_DEPTH))
+
+
 FAMILY_SHAPES = {
     "tree_build": TreeBuildShape,
     "tree_verify_mla": TreeVerifyMlaShape,
     "tree_accept": TreeAcceptShape,
     "kv_compact": KvCompactShape,
 }
-KIND_SHAPES = {"acceptance": GenerationShape, "e2e": GenerationShape, "topology": TopologyShape}
+KIND_SHAPES = {"acceptance": GenerationShape, "e2e": GenerationShape, "topology": TopologyShape,
+               "replay": ReplayShape}
 
 
 def shape_keys(cls) -> list[str]:

@@ -20,6 +20,7 @@ SECTIONS = {
     "### kv_compact": shapes.KvCompactShape,
     "## acceptance and e2e kinds: shape (`GenerationShape`)": shapes.GenerationShape,
     "## topology kind: shape (`TopologyShape`)": shapes.TopologyShape,
+    "## replay kind: shape (`ReplayShape`)": shapes.ReplayShape,
 }
 
 

@@ -10,7 +10,7 @@ from typing import Callable, Literal
 
 Role = Literal["ours", "peer", "baseline", "reference"]
 FAMILIES = ("tree_build", "tree_verify_mla", "tree_accept", "kv_compact")
-GENERATION_KINDS = ("acceptance", "e2e", "topology")   # kinds whose backends are the engine's stage backends
+GENERATION_KINDS = ("acceptance", "e2e", "topology", "replay")   # kinds whose backends are the engine's stage backends
 
 
 @dataclass(frozen=True)

@@ -9,9 +9,10 @@ from dataclasses import dataclass
 from typing import Callable
 
 from kdbench.backends import registry, torch_ops
+from kdbench.backends.adaptive import adaptive
 from kdbench.backends.cuda_build import ExtensionUnavailable
 
-POLICY_KINDS = ("ar", "chain", "ddtree", "ddtree_width_capped", "static_kary")
+POLICY_KINDS = ("ar", "chain", "ddtree", "ddtree_width_capped", "static_kary", "adaptive")
 BACKENDS = registry.for_kind("e2e")   # the stage backends (registry entries serving the engine's kinds)
 MAX_BUDGET = 1024  # the largest tree the stages support (the paper's sweep ends here)
 
@@ -20,11 +21,13 @@ MAX_BUDGET = 1024  # the largest tree the stages support (the paper's sweep ends
 class Policy:
     """kind: ar | chain (argmax chain, min(budget, L) deep) | ddtree (Algorithm 1, `budget` nodes) |
     ddtree_width_capped (at most max_width tokens per depth) | static_kary (branching[i] children at depth i;
-    budget ignored)."""
+    budget ignored) | adaptive (DDTree cut per round where expected tokens per verify cost peak, at most
+    `budget` nodes; row_cost = one row's verify cost over a root-only verify's, backends/adaptive.py)."""
     kind: str = "ddtree"
     budget: int = 64
     max_width: int = 0
     branching: tuple[int, ...] = ()
+    row_cost: float = 0.0
 
     def __post_init__(self):
         if isinstance(self.budget, numbers.Integral) and not isinstance(self.budget, bool):
@@ -36,6 +39,8 @@ class Policy:
             raise ValueError(f"budget must be an int in [0, {MAX_BUDGET}], got {self.budget!r}")
         if self.kind == "ddtree_width_capped" and self.max_width < 1:
             raise ValueError(f"ddtree_width_capped needs max_width >= 1, got {self.max_width}")
+        if self.kind == "adaptive" and not (isinstance(self.row_cost, (int, float)) and self.row_cost >= 0):
+            raise ValueError(f"adaptive needs row_cost >= 0, got {self.row_cost!r}")
         if self.kind == "static_kary":
             if not self.branching or min(self.branching) < 1:
                 raise ValueError(f"static_kary needs branching: a non-empty tuple of ints >= 1, got {self.branching}")
@@ -58,13 +63,15 @@ class Policy:
     def build_one(self) -> torch_ops.BuildOne:
         return {"chain": lambda: torch_ops.build_chain, "ddtree": lambda: torch_ops.build_ddtree,
                 "ddtree_width_capped": lambda: torch_ops.width_capped(self.max_width),
-                "static_kary": lambda: torch_ops.static_kary(self.branching)}[self.kind]()
+                "static_kary": lambda: torch_ops.static_kary(self.branching),
+                "adaptive": lambda: adaptive(self.row_cost)}[self.kind]()
 
     @property
     def label(self) -> str:
         extra = {"ar": "", "chain": f"B={self.budget}", "ddtree": f"B={self.budget}",
                  "ddtree_width_capped": f"B={self.budget},w={self.max_width}",
-                 "static_kary": "b=" + "x".join(map(str, self.branching))}[self.kind]
+                 "static_kary": "b=" + "x".join(map(str, self.branching)),
+                 "adaptive": f"B={self.budget},c={self.row_cost:g}"}[self.kind]
         return f"{self.kind}({extra})" if extra else self.kind
 
 

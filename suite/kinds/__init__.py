@@ -4,7 +4,7 @@ from __future__ import annotations
 import importlib
 from collections.abc import Iterator
 
-KINDS = ("kernel", "acceptance", "e2e", "topology")
+KINDS = ("kernel", "acceptance", "e2e", "topology", "replay")
 
 
 def run_case(case, ctx) -> Iterator:

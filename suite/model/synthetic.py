@@ -67,14 +67,19 @@ class SyntheticDrafter:
     def draft(self, bonus: torch.Tensor, start: torch.Tensor, kv_limit: int) -> torch.Tensor:
         """-> logits [B, L, V] float32 for depths 1..L after the bonus token at positions start [B]."""
         B, L, V = bonus.shape[0], self.L, self.vocab
+        noise = torch.rand(B, L, V, generator=self.gen, device=self.device)
+        u = torch.rand(B, L, 1, generator=self.gen, device=self.device)
+        return self._profile(torch.argsort(noise, dim=-1), u, start)
+
+    def _profile(self, perm: torch.Tensor, u: torch.Tensor, start: torch.Tensor) -> torch.Tensor:
+        """perm [B, L, V]: the token at each rank; u [B, L, 1] float32 uniforms picking the true token's rank
+        by inverse CDF (no sync) -> logits [B, L, V] float32."""
+        B, L, V = perm.shape
         pos = start.to(torch.int64)[:, None] + 1 + torch.arange(L, device=self.device)  # [B, L]
         true = self.table.gather(1, pos.clamp(max=self.table.shape[1] - 1))
-        noise = torch.rand(B, L, V, generator=self.gen, device=self.device)
-        perm = torch.argsort(noise, dim=-1)                                      # token at each rank
         logits = torch.empty(B, L, V, dtype=torch.float32, device=self.device)
         logits.scatter_(-1, perm, self.rank_logit.expand(B, L, V))
-        u = torch.rand(B, L, 1, generator=self.gen, device=self.device)                # rank by inverse CDF:
-        rank = torch.searchsorted(self.rank_cdf, u, right=True).clamp_(max=len(self.rank_probs) - 1)  # no sync
+        rank = torch.searchsorted(self.rank_cdf, u, right=True).clamp_(max=len(self.rank_probs) - 1)
         displaced = perm.gather(-1, rank)                                        # token now at rank r
         true = torch.where((true >= 0) & (pos < self.table.shape[1]), true, displaced[..., 0])[..., None]
         logits.scatter_(-1, displaced, logits.gather(-1, true))                  # swap the two tokens

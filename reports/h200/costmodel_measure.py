@@ -1,0 +1,92 @@
+"""One-call H200 check of the verify-cost model (plans/0008-cost-model.md): forward time and router experts of
+kimi-k2-slice-2 and slice-4 at batch 1/8/32 and chain trees of budget 0 (AR)/16/64/256 at past 1024 (and slice-2
+at past 8192, 65 rows: the context term), then the
+model's predictions beside them: fitted to these cells (in-sample and leave-one-out) and, out of sample, the
+model fitted to the 2026-12-01 slice-2 table of device/h200_facts.md. About 2 minutes on one H200.
+
+Usage: python3 reports/h200/costmodel_measure.py OUT_DIR [--models a,b] [--deadline-s 170]
+Writes OUT_DIR/costmodel_measurements.jsonl (costfit.Measurement per line; `kdbench replay --measured` and
+`costfit.load` read it), OUT_DIR/costmodel_validation.md and .json.
+"""
+import argparse
+import json
+import time
+from pathlib import Path
+
+import torch
+
+from kdbench import costfit, costmeasure
+from kdbench.backends import cuda_build
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("out")
+    ap.add_argument("--models", default="kimi-k2-slice-2,kimi-k2-slice-4")
+    ap.add_argument("--batches", default="1,8,32")
+    ap.add_argument("--rows", default="1,17,65,257")
+    ap.add_argument("--ctx", type=int, default=1024)
+    ap.add_argument("--repeat", type=int, default=8)
+    ap.add_argument("--deadline-s", type=float, default=170.0)
+    ap.add_argument("--long-ctx", type=int, default=8192,
+                    help="also the first model at this context, batch 1/8/32 x 65 rows (0: skip)")
+    a = ap.parse_args()
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    t0 = time.time()
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    reason = cuda_build.unavailable_reason() if device == "cuda" else "no GPU"
+    attn = "cuda" if reason is None else "torch"
+    print(f"device {device}, attention {attn} ({reason or 'kdbench_cuda built'}), {time.time() - t0:.0f} s")
+    ms = []
+    for name in a.models.split(","):
+        if time.time() - t0 > a.deadline_s:
+            print(f"deadline: {name} skipped")
+            continue
+        ms += costmeasure.run_grid([name], [int(x) for x in a.batches.split(",")],
+                                   [int(x) for x in a.rows.split(",")], a.ctx, device=device, attn=attn,
+                                   repeat=a.repeat)
+        if a.long_ctx and name == a.models.split(",")[0]:
+            ms += costmeasure.run_grid([name], [int(x) for x in a.batches.split(",")], [65], a.long_ctx,
+                                       device=device, attn=attn, repeat=a.repeat)
+        costfit.dump(out / "costmodel_measurements.jsonl", ms)     # partial results survive a kill
+        print(f"{name} done at {time.time() - t0:.0f} s")
+    report(ms, attn, out)
+
+
+def report(ms, attn: str, out: Path) -> None:
+    attn_eff = costfit.KDBENCH_ATTN_EFF if attn == "cuda" else 0.12   # torch eager absorbed: ~7-16 % (facts)
+    sections, summary = [], {}
+    for model in sorted({m.model for m in ms}):
+        cells = [m for m in ms if m.model == model]
+        curve = costfit.expert_curve(cells)
+        eff = costfit.fit(cells, curve, attn_eff)
+        ins, loo = costfit.validate(cells, eff, curve), costfit.leave_one_out(cells, curve, attn_eff)
+        summary[model] = {"efficiency": eff.__dict__, "in_sample": costfit.summary(ins),
+                          "leave_one_out": costfit.summary(loo)}
+        sections += [f"## {model}: fitted to its {len(cells)} cells ({eff.label})", "",
+                     f"gemm {eff.gemm:.3f}, moe {eff.moe:.3f}, attn {eff.attn:.2f} (fixed), "
+                     f"overhead {eff.overhead_s * 1e3:.3f} ms", "", "In sample:", "", costfit.markdown(ins), "",
+                     "Leave one out:", "", costfit.markdown(loo), ""]
+    both = costfit.fit(ms, costfit.expert_curve(ms), attn_eff) if len({m.model for m in ms}) > 1 else None
+    if both:
+        per_model = [c for model in sorted({m.model for m in ms})
+                     for c in costfit.validate([m for m in ms if m.model == model], both,
+                                               costfit.expert_curve([m for m in ms if m.model == model]))]
+        summary["joint"] = {"efficiency": both.__dict__, "in_sample": costfit.summary(per_model)}
+        sections += ["## Both slices, one fit (per-layer time separated)", "", costfit.markdown(per_model), ""]
+    facts = costfit.fit(list(costfit.H200_FACTS), costfit.expert_curve(costfit.H200_FACTS))
+    if attn == "cuda":
+        old = [c for model in sorted({m.model for m in ms})
+               for c in costfit.validate([m for m in ms if m.model == model], facts,
+                                         costfit.expert_curve([m for m in ms if m.model == model]))]
+        summary["facts_fit_out_of_sample"] = costfit.summary(old)
+        sections += ["## Out of sample: the model fitted to h200_facts (slice-2, 2026-12-01)", "",
+                     costfit.markdown(old), ""]
+    (out / "costmodel_validation.md").write_text("# Cost model vs measurement\n\n" + "\n".join(sections))
+    (out / "costmodel_validation.json").write_text(json.dumps(summary, indent=1, default=float))
+    print(json.dumps(summary, indent=1, default=float))
+
+
+if __name__ == "__main__":
+    main()

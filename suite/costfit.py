@@ -1,0 +1,162 @@
+"""Calibrating and checking the cost model (plans/0008-cost-model.md): measured forward times -> efficiencies
+(weighted linear least squares on the floors), predicted vs measured per cell, and the measured expert
+curve. Measurements are JSONL records (reports/h200/costmodel_measure.py writes them) or the built-in
+table of device/h200_facts.md."""
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, replace
+
+import numpy as np
+
+from kdbench.references.model_config import get_preset
+
+from kdbench.model.drafter import DrafterConfig
+
+from .costmodel import (ACCEPT_S, COMPACT_S, H200, Efficiency, ExpertCurve, Hardware, build_time, drafter_floors,
+                        floors, forward_time, work_time)
+
+# the eager cuda step outside the verify forward (draft + build + accept + compact), block drafter, slice-2,
+# batch 8, DDTree B = 64, prompts of 128 + 64 new tokens (plans/0003-engine.md, 2026-11-30 call E): 2.6 ms
+DRAFT_MEASURED = dict(model="kimi-k2-slice-2", batch=8, budget=64, ctx=160, outside_verify_s=2.6e-3)
+KDBENCH_ATTN_EFF = 0.50   # the kdbench tree-verify kernel: 38-57 % of its floor rate (device/h200_facts.md)
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """One measured target forward: median seconds of `batch` x `rows` rows at context `ctx`; experts =
+    distinct routed experts per MoE layer (from the router, mean over MoE layers)."""
+    model: str
+    batch: int
+    rows: int
+    ctx: int
+    seconds: float
+    experts: float = float("nan")
+    source: str = ""
+
+
+def _facts() -> tuple[Measurement, ...]:
+    """device/h200_facts.md, 'Target forward cost vs tree rows', kimi-k2-slice-2, eager, past 1024, chains."""
+    rows = (1, 9, 17, 33, 65, 129, 257)
+    cells = {1: ((5.88, 8), (7.20, 50), (8.70, 82), (9.36, 111), (10.1, 140), (10.5, 159), (10.3, 170)),
+             8: ((5.77, 46), (8.62, 138), (9.19, 163), (10.1, 181), (12.1, 207), (16.6, 221), (26.6, 234)),
+             32: ((7.09, 100), (11.4, 192), (12.1, 199), (17.5, 235), (26.8, 237), (47.1, 251), (85.6, 260))}
+    return tuple(Measurement("kimi-k2-slice-2", b, r, 1024, ms * 1e-3, e, "h200_facts 2026-12-01")
+                 for b, vals in cells.items() for r, (ms, e) in zip(rows, vals))
+
+
+H200_FACTS = _facts()
+
+
+def load(path) -> list[Measurement]:
+    """JSONL: one Measurement per line (extra keys ignored); a bad line is a ValueError naming it."""
+    out = []
+    keys = set(Measurement.__dataclass_fields__)
+    with open(path, encoding="utf-8") as f:
+        for n, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            obj = json.loads(line)
+            try:
+                out.append(Measurement(**{k: v for k, v in obj.items() if k in keys}))
+            except TypeError as exc:
+                raise ValueError(f"{path}: line {n}: {exc}") from None
+    return out
+
+
+def dump(path, ms) -> None:
+    with open(path, "w", encoding="utf-8") as f:
+        for m in ms:
+            f.write(json.dumps(asdict(m)) + "\n")
+
+
+def expert_curve(ms, model: str | None = None) -> ExpertCurve:
+    """The measured experts at each (batch, rows) of `model` (or all) as an interpolation table."""
+    pts = tuple(sorted({(m.batch, m.rows, m.experts) for m in ms
+                        if (model is None or m.model == model) and np.isfinite(m.experts)}))
+    return ExpertCurve(pts, f"router, measured ({len(pts)} points)") if pts else ExpertCurve()
+
+
+def fit(ms, curve: ExpertCurve, attn_eff: float = KDBENCH_ATTN_EFF, hw: Hardware = H200,
+        label: str = "") -> Efficiency:
+    """t = overhead + layer_s * layers + G / e_gemm + M / e_moe + A / attn_eff, least squares on relative
+    error (rows weighted by 1 / t). layer_s is fitted only when the measurements span two layer counts."""
+    fl = [floors(get_preset(m.model), m.batch, m.rows, m.ctx, experts=curve, hw=hw) for m in ms]
+    layers = {f.layers for f in fl}
+    cols = [[1.0] + ([float(f.layers)] if len(layers) > 1 else []) + [f.gemm_s, f.moe_s] for f in fl]
+    A = np.array(cols)
+    y = np.array([m.seconds - f.attn_s / attn_eff for m, f in zip(ms, fl)])
+    w = 1.0 / np.array([m.seconds for m in ms])
+    x = _nonneg_lstsq(A * w[:, None], y * w)
+    if len(layers) == 1:
+        x = np.insert(x, 1, 0.0)
+    c0, cl, ig, im = (float(v) for v in x)
+    eff = Efficiency(gemm=1.0 / ig if ig > 0 else float("inf"), moe=1.0 / im if im > 0 else float("inf"),
+                     attn=attn_eff, overhead_s=c0, layer_s=cl, label=label or f"fitted to {len(ms)} forwards")
+    return replace(eff, draft_overhead_s=draft_overhead(eff, hw))
+
+
+def draft_overhead(eff: Efficiency, hw: Hardware = H200) -> float:
+    """The drafter forward's fixed time: DRAFT_MEASURED's outside-verify time less its modeled work, the
+    build and accept + compact (>= 0)."""
+    d = DRAFT_MEASURED
+    cfg = get_preset(d["model"])
+    dc = DrafterConfig.for_target(cfg)
+    rest = work_time(drafter_floors(dc, cfg, d["batch"], d["ctx"], hw), eff) \
+        + build_time(d["batch"], d["budget"], cfg.vocab_size) + ACCEPT_S + COMPACT_S
+    return max(d["outside_verify_s"] - rest, 0.0)
+
+
+def _nonneg_lstsq(A: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Least squares with x >= 0 (times and inverse efficiencies cannot be negative): drop the most negative
+    coefficient's column and refit until none is negative (an active set small enough for 4 unknowns)."""
+    active = list(range(A.shape[1]))
+    while True:
+        x = np.zeros(A.shape[1])
+        x[active] = np.linalg.lstsq(A[:, active], y, rcond=None)[0]
+        if x.min() >= 0 or len(active) == 1:
+            return np.maximum(x, 0.0)
+        active.remove(int(np.argmin(x)))
+
+
+@dataclass(frozen=True)
+class Cell:
+    m: Measurement
+    predicted_s: float
+    error: float          # predicted / measured - 1
+    experts: float        # the curve's experts at the cell
+    bytes: float
+
+
+def validate(ms, eff: Efficiency, curve: ExpertCurve, hw: Hardware = H200) -> list[Cell]:
+    out = []
+    for m in ms:
+        f = floors(get_preset(m.model), m.batch, m.rows, m.ctx, experts=curve, hw=hw)
+        t = forward_time(f, eff)
+        out.append(Cell(m, t, t / m.seconds - 1.0, f.experts, f.bytes))
+    return out
+
+
+def summary(cells) -> dict:
+    err = np.abs([c.error for c in cells])
+    return {"cells": len(cells), "median_abs_error": float(np.median(err)), "max_abs_error": float(err.max()),
+            "within_25pct": int((err <= 0.25).sum())}
+
+
+def leave_one_out(ms, curve: ExpertCurve, attn_eff: float = KDBENCH_ATTN_EFF) -> list[Cell]:
+    """Each cell predicted by a model fitted to the other cells: the honest out-of-sample error."""
+    out = []
+    for i, m in enumerate(ms):
+        eff = fit([x for j, x in enumerate(ms) if j != i], curve, attn_eff)
+        out.extend(validate([m], eff, curve))
+    return out
+
+
+def markdown(cells) -> str:
+    lines = ["| model | batch | rows | measured ms | predicted ms | error | experts (model) | experts (router) |"
+             " GB moved |", "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    for c in cells:
+        m = c.m
+        lines.append(f"| {m.model} | {m.batch} | {m.rows} | {m.seconds * 1e3:.2f} | {c.predicted_s * 1e3:.2f} | "
+                     f"{c.error * 100:+.1f} % | {c.experts:.0f} | {m.experts:.0f} | {c.bytes / 1e9:.1f} |")
+    return "\n".join(lines)

@@ -1,0 +1,87 @@
+"""Measuring what the cost model reads: target forward time of batch x rows chain-tree rows at a context,
+and the distinct routed experts per MoE layer from the router, for a preset on one device. One record per
+cell (costfit.Measurement); reports/h200/costmodel_measure.py runs the H200 grid."""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from kdbench import timing
+from kdbench.engine.engine import target_from_preset
+from kdbench.model import moe
+from kdbench.references.tree_build import build_tree_from_topk, pad_tree_arrays
+
+from .costfit import Measurement
+
+
+def chain_anc(rows: int, batch: int, device) -> torch.Tensor:
+    """[batch, rows, W] int64 ancestor bits of a chain: row i sees rows 0..i (the engine's layout)."""
+    n = rows - 1
+    tree = build_tree_from_topk(-np.arange(1, n + 1, dtype=np.float64)[:, None], np.zeros((n, 1), np.int64), n, 0)
+    bits = pad_tree_arrays(tree, rows)["bitmask"].view(np.int64)
+    return torch.from_numpy(np.ascontiguousarray(bits)).to(device).expand(batch, -1, -1).contiguous()
+
+
+class ExpertCounter:
+    """Wraps moe.route while active: distinct experts of every routing call (one per MoE layer)."""
+
+    def __init__(self):
+        self.counts: list[int] = []
+        self.orig = moe.route
+
+    def __enter__(self):
+        def counting(x, *a, **kw):
+            idx, w = self.orig(x, *a, **kw)
+            self.counts.append(int(torch.unique(idx).numel()))
+            return idx, w
+        moe.route = counting
+        return self
+
+    def __exit__(self, *exc):
+        moe.route = self.orig
+
+
+def measure_cell(model, batch: int, rows: int, ctx: int, *, attn: str, device: str, repeat: int, seed: int
+                 ) -> Measurement:
+    """Median forward seconds (CUDA events, back to back, no L2 flush: steady decoding) and the experts."""
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    V = model.cfg.vocab_size
+    cache = model.new_cache(batch, ctx + rows + 64)
+    cache.kv.normal_(0.0, 0.5, generator=torch.Generator(device=model.device).manual_seed(seed))  # no NaN rows
+    past = torch.full((batch,), ctx, dtype=torch.int32, device=model.device)
+    tokens = torch.randint(0, V, (batch, rows), generator=g).to(model.device)
+    positions = (ctx + torch.arange(rows))[None].expand(batch, rows).to(model.device)
+    anc = chain_anc(rows, batch, model.device) if rows > 1 else None
+    kv_limit = ctx + rows
+
+    def fwd():
+        return model.forward(tokens, positions, cache, past, anc, kv_limit=kv_limit, attn=attn, tap_layers=())
+
+    with ExpertCounter() as counter:
+        fwd()
+    t = timing.measure(fwd, warmup=2, repeat=repeat, device=device, flush_l2=False, shield=False)
+    experts = float(np.mean(counter.counts)) if counter.counts else float("nan")
+    return Measurement(model.cfg.name, batch, rows, ctx, t.median_s, experts, f"measured {attn} attention")
+
+
+def run_grid(models, batches, rows, ctx: int, *, device: str, attn: str, repeat: int, log=print
+             ) -> list[Measurement]:
+    """Every (model, batch, rows) cell; a cell that fails (out of memory) is logged and skipped."""
+    out = []
+    dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32
+    for name in models:
+        model = target_from_preset(name, seed=1, device=device, dtype=dtype)
+        for b in batches:
+            for r in rows:
+                try:
+                    m = measure_cell(model, b, r, ctx, attn=attn, device=device, repeat=repeat, seed=b * 1000 + r)
+                except torch.OutOfMemoryError as exc:
+                    log(f"{name} batch {b} rows {r}: out of memory ({str(exc)[:80]})")
+                    torch.cuda.empty_cache()
+                    continue
+                log(f"{name} batch {b:3d} rows {r:4d}: {m.seconds * 1e3:8.3f} ms, {m.experts:6.1f} experts")
+                out.append(m)
+        del model
+        if device.startswith("cuda"):
+            torch.cuda.empty_cache()
+    return out
