@@ -159,16 +159,35 @@ def _nonneg(obj, *names):
 
 @dataclass(frozen=True)
 class TopologyShape:
-    """Multi-GPU cases (schema only in this wave: the runs come with the multi-GPU issue)."""
+    """Sharded runs (kdbench.parallel): prefill, AR decode and tree verify on `gpus` ranks, compared with one
+    process, plus the collective microbenchmark. On --device cpu the ranks are gloo processes."""
     model: str
-    gpus: int = 2
-    link: Literal["nvlink", "pcie"] = "nvlink"
+    gpus: int = 2                    # ranks: GPUs of one host (NCCL) or CPU processes (gloo)
+    link: Literal["nvlink", "pcie", "auto"] = "auto"
     parallel: Literal["tp", "ep"] = "tp"
     batch: int = 1
     budget: int = 64
+    prompt_len: int = 32
+    dtype: Literal["auto", "float32", "bfloat16", "float64"] = "auto"
+    phases: tuple[Literal["prefill", "decode", "verify", "moe"], ...] = ("prefill", "decode", "verify", "moe")
+    check: bool = True               # rank 0 also runs the one-process model and compares the logits
+    warmup: int = 1
+    repeat: int = 5
+    timeout_s: float = 120.0         # collective timeout; the launcher kills the run at timeout_s + 60 s
+    comm_bench: bool = False         # collective sweep 4 KiB .. comm_max_bytes + the step's own messages
+    comm_max_bytes: int = 1 << 30
+    fault: Literal["none", "raise", "kill", "hang"] = "none"   # inject a fault (tests of the launcher)
+    fault_rank: int = 1
 
     def validate(self):
-        return _budget(self.budget) or _positive(self, "gpus", "batch")
+        if self.timeout_s <= 0:
+            return "timeout_s", f"got {self.timeout_s}, expected seconds > 0"
+        if self.comm_max_bytes < 4096:
+            return "comm_max_bytes", f"got {self.comm_max_bytes}, expected >= 4096"
+        if not self.phases:
+            return "phases", "got an empty list, expected phases from prefill, decode, verify, moe"
+        return (_budget(self.budget) or _positive(self, "gpus", "batch", "prompt_len", "repeat")
+                or _nonneg(self, "warmup", "fault_rank"))
 
 
 FAMILY_SHAPES = {
