@@ -17,6 +17,7 @@ from .job import Job
 
 STARTUP_S = 60.0   # spawn + import torch + build the model, on top of job.timeout_s
 POLL_S = 0.05
+GRACE_S = 0.5   # after the first failure, before choosing which rank caused it
 
 
 @dataclass
@@ -66,10 +67,9 @@ def launch(job: Job, deadline_s: float | None = None) -> LaunchResult:
 def _supervise(procs, job: Job, t0: float, limit: float) -> str:
     while True:
         codes = [p.exitcode for p in procs]
-        for r, code in enumerate(codes):
-            if code not in (None, 0):
-                alive = [q for q, c in enumerate(codes) if c is None]
-                return _why(job, r, code) + (f"; rank(s) {alive} still running: killed" if alive else "")
+        if any(c not in (None, 0) for c in codes):
+            time.sleep(GRACE_S)                       # let the peers' own errors land, then name the first cause
+            return _first_failure(job, [p.exitcode for p in procs])
         if all(c == 0 for c in codes):
             return ""
         if time.monotonic() - t0 > limit:
@@ -77,6 +77,18 @@ def _supervise(procs, job: Job, t0: float, limit: float) -> str:
             return (f"rank(s) {hung} still running after {limit:.0f} s (hung; collective timeout "
                     f"{job.timeout_s:.0f} s): killed")
         time.sleep(POLL_S)
+
+
+def _first_failure(job: Job, codes: list[int | None]) -> str:
+    """The root cause among the failed ranks: a rank killed by a signal, else the earliest traceback written
+    (a peer's failure makes the others' collectives fail a moment later)."""
+    failed = [r for r, c in enumerate(codes) if c not in (None, 0)]
+    err = {r: Path(job.out_dir, f"rank{r}.error") for r in failed}
+    first = min(failed, key=lambda r: (codes[r] > 0, err[r].stat().st_mtime_ns if err[r].exists() else 0))
+    others = [r for r in failed if r != first]
+    alive = [r for r, c in enumerate(codes) if c is None]
+    return (_why(job, first, codes[first]) + (f"; then rank(s) {others} failed" if others else "")
+            + (f"; rank(s) {alive} still running: killed" if alive else ""))
 
 
 def _why(job: Job, rank: int, code: int) -> str:

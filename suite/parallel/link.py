@@ -10,7 +10,7 @@ from pathlib import Path
 
 LINKS = ("nvlink", "pcie", "auto")
 LOG_NAME = "nccl.%h.%p.log"          # NCCL expands %h (host) and %p (pid): one file per rank
-_VIA = re.compile(r"Channel \d+/\d+ : (\d+)\[\d+\] -> (\d+)\[\d+\] via (\S+)")
+_VIA = re.compile(r"Channel \d+/\d+ : (\d+)\[\d+\] -> (\d+)\[\d+\](?: \[\w+\])? via (\S+)")
 _INIT = re.compile(r"NCCL version (\S+)")
 
 

@@ -39,16 +39,16 @@ def run_rank(job: Job, rank: int, init_method: str | None = None) -> None:
     kw = {"device_id": device} if job.device == "cuda" else {}
     dist.init_process_group(job.backend, init_method=init_method, rank=rank, world_size=job.world,
                             timeout=datetime.timedelta(seconds=job.timeout_s), **kw)
-    try:
-        out = _phases(job, rank, device)
-        if job.comm_bench or job.comm_bench_step:
-            step = sorted({(op, nbytes) for ph in out["phases"].values()
-                           for _, op, nbytes in ph.get("calls", [])}) if job.comm_bench_step else []
-            out["comm_bench"] = comm_bench.run(job, Comm(rank, job.world, device), step)
-        Path(job.out_dir, f"rank{rank}.json").write_text(json.dumps(out))
-        dist.barrier()
-    finally:
-        dist.destroy_process_group()
+    out = _phases(job, rank, device)
+    if job.comm_bench or job.comm_bench_step:
+        step = sorted({(op, nbytes) for ph in out["phases"].values()
+                       for _, op, nbytes in ph.get("calls", [])}) if job.comm_bench_step else []
+        out["comm_bench"] = comm_bench.run(job, Comm(rank, job.world, device), step)
+    Path(job.out_dir, f"rank{rank}.json").write_text(json.dumps(out))
+    dist.barrier()
+    # only on success: after an exception the process exits without tearing the group down first, so the
+    # failing rank's traceback is on disk before its peers see the connection drop
+    dist.destroy_process_group()
 
 
 def _phases(job: Job, rank: int, device) -> dict:
