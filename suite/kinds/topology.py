@@ -50,7 +50,6 @@ def run(case, ctx) -> Iterator[Record]:
         if bad_link:
             rec.status, rec.reason = "fail", bad_link
         yield rec
-    shutil.rmtree(job.out_dir, ignore_errors=True)       # per-rank files: their content is in the rows
 
 
 def _unavailable(case, ctx, pairs) -> str:
