@@ -150,3 +150,12 @@ def test_link_modes_map_to_nccl_settings_and_skip_what_cannot_be_had():
     assert "GPU0-GPU2" in link.unavailable("nvlink", 3, [nv, pc])
     assert "needs >= 2 GPUs" in link.unavailable("pcie", 1, [])
     assert link.unavailable("auto", 1, []) == "" and link.unavailable("pcie", 2, []) == ""
+
+
+def test_report_has_the_topology_section(ci_records, tmp_path):
+    from kdbench import report
+    res, _ = ci_records
+    html = report.render(res.run_dir).read_text()
+    assert "bus bandwidth vs message size per link" in html
+    assert "sharded step time per link: compute vs communication" in html
+    assert "MODELED, not measured: full-size Kimi K2 with DDTree on 8 GPUs" in html

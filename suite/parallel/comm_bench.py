@@ -12,6 +12,7 @@ import torch
 import torch.distributed as dist
 
 from .comm import Comm
+from .messages import bus_factor
 
 OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all")
 
@@ -23,10 +24,6 @@ def default_sizes(lo: int = 4 << 10, hi: int = 1 << 30) -> tuple[int, ...]:
         out.append(s)
         s *= 2
     return tuple(out)
-
-
-def bus_factor(op: str, n: int) -> float:
-    return 2 * (n - 1) / n if op == "all_reduce" else (n - 1) / n
 
 
 def iterations(nbytes: int) -> tuple[int, int]:

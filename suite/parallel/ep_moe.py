@@ -12,11 +12,7 @@ from kdbench.model.moe import _grouped_available, route, swiglu
 from kdbench.references.model_config import ModelConfig
 
 from .comm import Comm
-
-
-def capacity(n_local_tokens: int, k: int, local_experts: int) -> int:
-    """Slots one source can send one rank at most: each token picks k distinct experts, <= E/n live there."""
-    return n_local_tokens * min(k, local_experts)
+from .messages import capacity
 
 
 def _dispatch_plan(idx: torch.Tensor, world: int, el: int, cap: int):

@@ -1,10 +1,18 @@
 """The collectives one sharded forward sends, per layer, in nccl-tests' size convention (comm.py): the
-analytic list the cost model uses, checked against what a run records."""
+analytic list the cost model uses, checked against what a run records. No torch: the report imports it."""
 from __future__ import annotations
 
 from kdbench.references.model_config import ModelConfig
 
-from .ep_moe import capacity
+
+def capacity(n_local_tokens: int, k: int, local_experts: int) -> int:
+    """Slots one source can send one rank at most: each token picks k distinct experts, <= E/n live there."""
+    return n_local_tokens * min(k, local_experts)
+
+
+def bus_factor(op: str, n: int) -> float:
+    """nccl-tests' busbw / algbw: 2(n-1)/n for all-reduce, (n-1)/n for all-gather, reduce-scatter, all-to-all."""
+    return 2 * (n - 1) / n if op == "all_reduce" else (n - 1) / n
 
 
 def layer_messages(cfg: ModelConfig, layer: int, world: int, parallel: str, rows: int, elem: int
