@@ -165,6 +165,7 @@ class TopologyShape:
     gpus: int = 2                    # ranks: GPUs of one host (NCCL) or CPU processes (gloo)
     link: Literal["nvlink", "pcie", "auto"] = "auto"
     parallel: Literal["tp", "ep"] = "tp"
+    ep_dispatch: Literal["padded", "exact"] = "padded"   # ep all-to-all: fixed capacity | exact sizes
     batch: int = 1
     budget: int = 64
     prompt_len: int = 32

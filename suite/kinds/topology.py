@@ -83,6 +83,7 @@ def _job(case, ctx) -> Job:
     sizes = comm_bench.default_sizes(hi=s.comm_max_bytes) if s.comm_bench else ()
     env = link.nccl_env(s.link, str(out)) if ctx.device == "cuda" else {}
     return Job(model=s.model, seed=derive_seed(case.scenario, s.model), dtype=dtype, parallel=s.parallel,
+               ep_dispatch=s.ep_dispatch,
                world=s.gpus, device=ctx.device, out_dir=str(out), batch=s.batch, prompt_len=s.prompt_len,
                budget=s.budget, phases=tuple(s.phases), check=s.check, warmup=s.warmup, repeat=s.repeat,
                attn="cuda" if "cuda" in case.backends else "torch", timeout_s=s.timeout_s, fault=s.fault,

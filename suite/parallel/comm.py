@@ -76,6 +76,14 @@ class Comm:
         self._timed("all_to_all", x.numel() * x.element_size(), lambda: dist.all_to_all_single(out, x.contiguous()))
         return out
 
+    def all_to_all_v(self, x: torch.Tensor, send: list[int], recv: list[int]) -> torch.Tensor:
+        """Rows x[sum(send[:q]) : sum(send[:q+1])] go to rank q; returns the rows received, source order.
+        The split sizes are host lists: the caller synchronized to get them (not capturable)."""
+        out = x.new_empty((sum(recv),) + tuple(x.shape[1:]))
+        self._timed("all_to_all", x.numel() * x.element_size(),
+                    lambda: dist.all_to_all_single(out, x.contiguous(), recv, send))
+        return out
+
     def seconds(self) -> list[tuple[int, str, int, float]]:
         """(layer, op, bytes, seconds) of every timed collective; synchronizes a GPU once."""
         if self.device.type == "cuda":

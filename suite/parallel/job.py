@@ -21,6 +21,7 @@ class Job:
     world: int
     device: str                     # cpu (gloo) | cuda (nccl, one GPU per rank)
     out_dir: str                    # per-rank result files, NCCL logs
+    ep_dispatch: str = "padded"     # padded (capturable, fixed capacity) | exact (split sizes via the host)
     batch: int = 2
     prompt_len: int = 16
     budget: int = 15                # tree nodes besides the root: verify runs budget + 1 rows

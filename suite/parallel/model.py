@@ -21,12 +21,13 @@ from .shard import check_divisible, local_config, shard_weights
 class ShardedTransformer(Transformer):
     """One rank's slice of a Transformer; `comm` carries the process group (and the collective timing)."""
 
-    def __init__(self, cfg: ModelConfig, full_weights: dict[str, torch.Tensor], comm: Comm, parallel: str, **kw):
+    def __init__(self, cfg: ModelConfig, full_weights: dict[str, torch.Tensor], comm: Comm, parallel: str, *,
+                 exact_dispatch: bool = False, **kw):
         check_weights(cfg, full_weights)
         reason = check_divisible(cfg, comm.world, parallel)
         if reason:
             raise ValueError(reason)
-        self.full_cfg, self.comm, self.parallel = cfg, comm, parallel
+        self.full_cfg, self.comm, self.parallel, self.exact_dispatch = cfg, comm, parallel, exact_dispatch
         local = local_config(cfg, comm.world, parallel)
         w = shard_weights(cfg, full_weights, comm.rank, comm.world, parallel)
         if parallel == "tp":
@@ -70,7 +71,8 @@ class ShardedTransformer(Transformer):
         n = x.shape[0]
         per = -(-n // world)                                     # rows per rank, the last one zero-padded
         pad = torch.cat((x, x.new_zeros(per * world - n, x.shape[1]))) if per * world != n else x
-        y = ep_moe_forward(self.w, self.cfg, layer, pad[rank * per:(rank + 1) * per], self.comm, self.moe_dispatch)
+        y = ep_moe_forward(self.w, self.cfg, layer, pad[rank * per:(rank + 1) * per], self.comm, self.moe_dispatch,
+                           self.exact_dispatch)
         return self.comm.all_gather(y)[:n]
 
     def _mark(self, layer: int, what: str) -> None:

@@ -61,7 +61,21 @@ def phase_rows(case, ctx, backend: str, ranks: list[dict], common: dict) -> list
             rec.extra.update(rows=ph["rows"], layers=layers, comm_s=comm, compute_s=t.median_s - comm,
                              calls=ph["calls"], comm_bytes=sum(c[2] for c in ph["calls"]))
         out.append(rec)
+    _breakeven(out)
     return out
+
+
+def _breakeven(recs: list[Record]) -> None:
+    """On the verify row: t_verify / t_decode = the tau (tokens per verify, bonus included) at which tree
+    speculation breaks even on this link, drafter cost aside; a lower value on a slower link means speculation
+    gains more there. Also the communication share of both steps."""
+    by = {r.family: r for r in recs}
+    ver, dec = by.get("verify"), by.get("decode")
+    if ver is None or dec is None or math.isnan(ver.time_median_s) or math.isnan(dec.time_median_s):
+        return
+    ver.extra.update(breakeven_tau=ver.time_median_s / dec.time_median_s,
+                     comm_share_verify=ver.extra["comm_s"] / ver.time_median_s,
+                     comm_share_decode=dec.extra["comm_s"] / dec.time_median_s)
 
 
 def comm_rows(case, ctx, rank0: dict, common: dict) -> list[Record]:

@@ -54,7 +54,8 @@ def run_rank(job: Job, rank: int, init_method: str | None = None) -> None:
 def _phases(job: Job, rank: int, device) -> dict:
     full = target_from_preset(job.model, job.seed, device=device, dtype=job.torch_dtype())
     comm = Comm(rank, job.world, device)
-    model = ShardedTransformer(full.cfg, full.w, comm, job.parallel, attn=job.attn)
+    model = ShardedTransformer(full.cfg, full.w, comm, job.parallel, attn=job.attn,
+                               exact_dispatch=job.ep_dispatch == "exact")
     inputs = make_inputs(job, full.cfg.vocab_size)
     ref = full if (job.check and rank == 0) else None
     if ref is None:
