@@ -7,7 +7,10 @@ set -o pipefail
 out=${1:-${OUT:-/tmp/topology-out}}
 mkdir -p "$out"
 t0=$(date +%s)
-python3 -m pip install -q --no-build-isolation --no-deps -e . > "$out/topology_install.log" 2>&1 || { tail -20 "$out/topology_install.log"; exit 1; }
+# install unless this tree's kdbench (with kdbench.parallel) is already the importable one
+python3 -c "import kdbench.parallel.worker, kdbench, os, sys; sys.exit(not kdbench.__file__.startswith(os.getcwd()))" 2>/dev/null \
+  || python3 -m pip install -q --no-build-isolation --no-deps -e . > "$out/topology_install.log" 2>&1 \
+  || { tail -20 "$out/topology_install.log"; exit 1; }
 nvidia-smi topo -m > "$out/topology_nvidia_smi.txt" 2>&1
 timeout 240 kdbench run scenarios/topology/h200_gpu1.yaml --device cuda --out "$out/topology-gpu1" 2>&1 | tail -20
 echo "topology rc=$? $(( $(date +%s) - t0 )) s"
@@ -21,7 +24,8 @@ for r in rows:
     e = r["extra"]
     print(f"{r['case']:<20} {r['family']:<8} {r['status']:<7} t={r['time_median_s']*1e3:8.3f} ms "
           f"comm={e.get('comm_s', float('nan'))*1e3:7.3f} ms rel_l2={r['rel_l2']:.3g} "
-          f"transport={e.get('transport', '')} {r['reason'][:90]}")
+          f"transport={e.get('transport', '')} syncs={e.get('host_syncs', '')[:40]} "
+          f"breakeven_tau={e.get('breakeven_tau', float('nan')):.2f} {r['reason'][:90]}")
 for r in rows:
     if r["family"].startswith("comm:all_reduce") or r["family"].startswith("comm-step"):
         e = r["extra"]

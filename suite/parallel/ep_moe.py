@@ -20,7 +20,7 @@ def _dispatch_plan(idx: torch.Tensor, world: int, el: int):
     """idx [N, k] global experts -> (dest [N*k], pos [N*k]): the rank and the buffer slot of every (token, j)
     slot, slots packed per rank in token order (so an expert sees its tokens in ascending order)."""
     dest = (idx // el).flatten()                                         # [N*k]
-    onehot = F.one_hot(dest, world)                                      # [N*k, world]
+    onehot = (dest[:, None] == torch.arange(world, device=idx.device)).to(torch.int64)   # [N*k, world]
     pos = (onehot.cumsum(0) - 1).gather(1, dest[:, None]).squeeze(1)     # running count per destination
     return dest, pos
 

@@ -14,6 +14,7 @@ from pathlib import Path
 import torch.multiprocessing as mp
 
 from .job import Job
+from .worker import run_rank
 
 STARTUP_S = 60.0   # spawn + import torch + build the model, on top of job.timeout_s
 POLL_S = 0.05
@@ -36,7 +37,6 @@ def free_port() -> int:
 
 def _entry(job: Job, rank: int, init_method: str) -> None:
     """Child main: run the rank; on an exception write its traceback for the supervisor and exit 1."""
-    from .worker import run_rank
     try:
         run_rank(job, rank, init_method)
     except BaseException:   # noqa: BLE001 - the supervisor reports it; the exit code says it failed

@@ -89,6 +89,21 @@ def digest(t: torch.Tensor) -> str:
     return hashlib.sha256(t.detach().contiguous().cpu().view(torch.uint8).numpy().tobytes()).hexdigest()[:16]
 
 
+def host_syncs(model, args: PhaseArgs, cache) -> str:
+    """GPU: one more forward under torch.cuda.set_sync_debug_mode("error"): 'none' when nothing in it reads a
+    device value on the host (the step could be captured), else the first offending call. CPU: ''."""
+    if model.device.type != "cuda":
+        return ""
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        model.forward(*args.positional(cache), **args.kw)
+        return "none"
+    except RuntimeError as exc:
+        return str(exc).splitlines()[0][:200]
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+
+
 def compare(want: torch.Tensor, got: torch.Tensor) -> dict:
     """max |got - want|, relative L2 and bit-equality of the one-process logits (want) and the sharded ones."""
     if hasattr(want, "logits"):

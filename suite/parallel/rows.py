@@ -49,7 +49,8 @@ def phase_rows(case, ctx, backend: str, ranks: list[dict], common: dict) -> list
         chk = ph.get("check") or {}
         rec = ctx.record(case, backend, link=case.shape.link, status=status, reason=reason,
                          max_abs=chk.get("max_abs", math.nan), rel_l2=chk.get("rel_l2", math.nan),
-                         n_nan=chk.get("n_nan", 0), extra=dict(common, bit_equal=chk.get("bit_equal")))
+                         n_nan=chk.get("n_nan", 0),
+                         extra=dict(common, bit_equal=chk.get("bit_equal"), host_syncs=ph.get("host_syncs", "")))
         rec.family = phase
         if "step_s" in ph:
             steps = [max(s) for s in zip(*(r["phases"][phase]["step_s"] for r in ranks))]

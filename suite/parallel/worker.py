@@ -72,6 +72,7 @@ def _phases(job: Job, rank: int, device) -> dict:
         ref_cache = ref_cache or (ref.new_cache(job.batch, cache.max_len) if ref is not None else None)
         args = measure.phase_args(phase, inputs, job, device)
         res = measure.time_phase(model, comm, args, cache, job)
+        res["host_syncs"] = measure.host_syncs(model, args, cache)
         if ref is not None:
             res["check"] = measure.compare(ref.forward(*args.positional(ref_cache), **args.kw), res.pop("logits"))
         else:
