@@ -18,16 +18,18 @@ python3 - "$out/topology-gpu1" <<'PY'
 import json, sys
 from pathlib import Path
 rows = [json.loads(l) for l in Path(sys.argv[1], "records.jsonl").read_text().splitlines()]
+nan = float("nan")
+num = lambda v: nan if v is None else v   # noqa: E731 - NaN is stored as null
 for r in rows:
     if r["family"].startswith("comm"):
         continue
     e = r["extra"]
-    print(f"{r['case']:<20} {r['family']:<8} {r['status']:<7} t={r['time_median_s']*1e3:8.3f} ms "
-          f"comm={e.get('comm_s', float('nan'))*1e3:7.3f} ms rel_l2={r['rel_l2']:.3g} "
+    print(f"{r['case']:<20} {r['family']:<8} {r['status']:<7} t={num(r['time_median_s'])*1e3:8.3f} ms "
+          f"comm={num(e.get('comm_s'))*1e3:7.3f} ms rel_l2={num(r['rel_l2']):.3g} "
           f"transport={e.get('transport', '')} syncs={e.get('host_syncs', '')[:40]} "
-          f"breakeven_tau={e.get('breakeven_tau', float('nan')):.2f} {r['reason'][:90]}")
+          f"breakeven_tau={num(e.get('breakeven_tau')):.2f} {r['reason'][:90]}")
 for r in rows:
     if r["family"].startswith("comm:all_reduce") or r["family"].startswith("comm-step"):
         e = r["extra"]
-        print(f"{r['family']:<34} {r['time_median_s']*1e6:9.1f} us algbw {e['algbw_GBps']:8.2f} GB/s")
+        print(f"{r['family']:<34} {num(r['time_median_s'])*1e6:9.1f} us algbw {e['algbw_GBps']:8.2f} GB/s")
 PY
