@@ -165,3 +165,43 @@ def test_report_has_the_topology_section(ci_records, tmp_path):
     assert "bus bandwidth vs message size per link" in html
     assert "sharded step time per link: compute vs communication" in html
     assert "MODELED, not measured: full-size Kimi K2 with DDTree on 8 GPUs" in html
+
+
+SKIPS = """
+name: skips
+kind: topology
+cases:
+  - name: heads-not-divisible
+    backends: [torch]
+    shape: {model: tiny, gpus: 3}
+  - name: fault-rank-out-of-range
+    backends: [torch]
+    shape: {model: tiny, gpus: 2, parallel: ep, fault: raise, fault_rank: 2}
+  - name: cuda-attention-on-cpu
+    backends: [cuda]
+    shape: {model: tiny, gpus: 2}
+"""
+
+
+def test_impossible_cases_are_skipped_with_the_reason_before_any_launch(tmp_path):
+    path = tmp_path / "skips.yaml"
+    path.write_text(SKIPS)
+    res = runner.run_scenarios([str(path)], str(tmp_path / "run"), "cpu", None, progress=False)
+    recs = {r.case: r for r in load_records(tmp_path / "run")}
+    assert res.exit_code == 0 and all(r.status == "skipped" for r in recs.values())
+    assert "n_heads 4," in recs["heads-not-divisible"].reason and "not divisible by 3 ranks" in recs["heads-not-divisible"].reason
+    assert "fault_rank 2 is not a rank of 2" in recs["fault-rank-out-of-range"].reason
+    assert "needs --device cuda" in recs["cuda-attention-on-cpu"].reason
+    assert not (tmp_path / "run" / "parallel").exists()                 # nothing was launched
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="needs a CUDA GPU: one NCCL rank")
+def test_one_gpu_nccl_rank_equals_one_process(tmp_path):
+    text = (ROOT / "scenarios/topology/h200_gpu1.yaml").read_text()
+    path = tmp_path / "gpu1.yaml"
+    path.write_text(text)
+    res = runner.run_scenarios([str(path)], str(tmp_path / "run"), "cuda", ["tiny-gpu1-f32"], progress=False)
+    recs = load_records(tmp_path / "run")
+    assert res.exit_code == 0 and {r.status for r in recs} == {"pass"}
+    assert all(r.extra["transport"].startswith("none (1 rank") for r in recs)
