@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from kdbench import runner
 from kdbench.parallel import comm_bench, link, messages
@@ -196,7 +197,7 @@ def test_impossible_cases_are_skipped_with_the_reason_before_any_launch(tmp_path
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="needs a CUDA GPU: one NCCL rank")
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU: one NCCL rank")
 def test_one_gpu_nccl_rank_equals_one_process(tmp_path):
     text = (ROOT / "scenarios/topology/h200_gpu1.yaml").read_text()
     path = tmp_path / "gpu1.yaml"

@@ -66,3 +66,14 @@ def test_8gpu_comparison_is_labelled_and_complete():
         assert r["verify"]["total_s"] > r["ar"]["total_s"] > 0 and r["fits"]
         assert math.isclose(r["speedup"], r["ddtree_tok_s"] / r["ar_tok_s"])
     assert rows[0]["ar_tok_s"] > rows[1]["ar_tok_s"] > rows[2]["ar_tok_s"]
+
+
+def test_calibrated_efficiency_reproduces_the_measurement():
+    cfg = get_preset("kimi-k2-slice-2")
+    eff = cm.calibrated_efficiency(12.1e-3, cfg, cm.H200, 8, 65, 129)
+    gpu = dataclasses.replace(cm.H200, efficiency=eff)
+    assert 0 < eff < 1
+    bf16 = cm.Weights(expert=2.0)
+    assert math.isclose(cm.step_s(cfg, gpu, cm.NVLINK_H200_8, 1, 8, 65, 129, bf16)["total_s"], 12.1e-3, rel_tol=1e-9)
+    slow = cm.compare_8gpu(efficiency=eff / 2)
+    assert slow[0]["ar"]["compute_s"] > cm.compare_8gpu(efficiency=eff)[0]["ar"]["compute_s"]

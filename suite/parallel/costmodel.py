@@ -138,16 +138,26 @@ def memory_ok(cfg: ModelConfig, n: int, gpu_bytes: float, w: Weights = Weights()
     return total < 0.9 * gpu_bytes, total / 1e9
 
 
+def calibrated_efficiency(measured_s: float, cfg: ModelConfig, gpu: Gpu, batch: int, T: int, ctx: int,
+                          w: Weights = Weights(expert=2.0)) -> float:
+    """The efficiency that makes the one-rank model equal a measured forward of the same shape (floor / measured);
+    kdbench's measured runs hold bf16 experts (random weights), hence the default."""
+    floor = step_s(cfg, dataclasses.replace(gpu, efficiency=1.0), NVLINK_H200_8, 1, batch, T, ctx, w)["total_s"]
+    return floor / measured_s
+
+
 def compare_8gpu(batch: int = 1, budget: int = 64, ctx: int = 4096, tau: float = 4.0, draft_s: float = 1.0e-3,
-                 cfg: ModelConfig | None = None) -> list[dict]:
+                 cfg: ModelConfig | None = None, efficiency: float | None = None) -> list[dict]:
     """The modeled 8-GPU comparison for full-size K2 with DDTree: per system the AR step, the verify step,
-    tokens/s per request for AR and DDTree, and the speculative speedup tau x t_AR / (t_verify + t_draft)."""
+    tokens/s per request for AR and DDTree, and the speculative speedup tau x t_AR / (t_verify + t_draft).
+    efficiency: override both GPUs' kernel efficiency (e.g. calibrated from a measured H200 forward)."""
     cfg = cfg or get_preset("kimi-k2")
     systems = [("8x H200, NVLink", H200, NVLINK_H200_8, 141e9),
                ("8x RTX PRO 6000 Blackwell, PCIe Gen5 P2P", RTX_PRO_6000, PCIE5_P2P_8, 96e9),
                ("8x RTX PRO 6000 Blackwell, PCIe host-staged", RTX_PRO_6000, PCIE_HOST_STAGED, 96e9)]
     out = []
     for name, gpu, link, mem in systems:
+        gpu = gpu if efficiency is None else dataclasses.replace(gpu, efficiency=efficiency)
         ar = step_s(cfg, gpu, link, 8, batch, 1, ctx)
         ver = step_s(cfg, gpu, link, 8, batch, budget + 1, ctx)
         fits, gb = memory_ok(cfg, 8, mem)

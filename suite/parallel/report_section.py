@@ -41,13 +41,30 @@ def _stacked_plot(phases) -> dict | None:
                                "(Record.extra['layers'] per layer); compute = the rest"}
 
 
-def modeled_table() -> dict:
+def _calibration(phases) -> tuple[float, str] | None:
+    """(efficiency, source) from a measured one-rank bf16 verify of a K2 slice on the GPU, if the run has one."""
+    for r in phases:
+        s = json.loads(r.shape)
+        if (r.family == "verify" and s["model"].startswith("kimi-k2-slice") and r.dtype == "bfloat16"
+                and r.extra.get("world") == 1 and r.time_median_s == r.time_median_s):
+            eff = costmodel.calibrated_efficiency(r.time_median_s, get_preset(s["model"]), costmodel.H200,
+                                                  s["batch"], s["budget"] + 1, s["prompt_len"] + 1)
+            return eff, f"{r.case} verify ({r.time_median_s * 1e3:.2f} ms measured)"
+    return None
+
+
+def modeled_table(phases=()) -> dict:
+    cal = _calibration(phases)
+    runs = [(None, f"efficiency {costmodel.H200.efficiency} (assumed)")]
+    if cal:
+        runs.append((cal[0], f"efficiency {cal[0]:.2f} calibrated from {cal[1]}"))
     rows = []
-    for r in costmodel.compare_8gpu():
-        rows.append([r["system"], f"{r['weights_GB_per_gpu']:.0f} GB", f"{r['ar']['total_s'] * 1e3:.2f} ms",
-                     f"{r['comm_share_ar']:.0%}", f"{r['verify']['total_s'] * 1e3:.2f} ms",
-                     f"{r['comm_share_verify']:.0%}", f"{r['ar_tok_s']:.0f}", f"{r['ddtree_tok_s']:.0f}",
-                     f"{r['speedup']:.2f}x"])
+    for eff, label in runs:
+        for r in costmodel.compare_8gpu(efficiency=eff):
+            rows.append([f"{r['system']}; {label}", f"{r['weights_GB_per_gpu']:.0f} GB",
+                         f"{r['ar']['total_s'] * 1e3:.2f} ms", f"{r['comm_share_ar']:.0%}",
+                         f"{r['verify']['total_s'] * 1e3:.2f} ms", f"{r['comm_share_verify']:.0%}",
+                         f"{r['ar_tok_s']:.0f}", f"{r['ddtree_tok_s']:.0f}", f"{r['speedup']:.2f}x"])
     inp = costmodel.compare_8gpu()[0]["inputs"]
     return {"title": "MODELED, not measured: full-size Kimi K2 with DDTree on 8 GPUs",
             "headers": ["system", "weights / GPU", "AR step", "comm share", "verify step", "comm share",
@@ -79,6 +96,6 @@ def topology_section(recs) -> dict:
     phases = [r for r in recs if not r.family.startswith("comm")]
     rows = [tables.row(r) for r in phases]
     plot_list = [p for p in (_busbw_plot(comm), _stacked_plot(phases)) if p]
-    extra_tables = [t for t in (validation_table(phases), modeled_table()) if t]
+    extra_tables = [t for t in (validation_table(phases), modeled_table(phases)) if t]
     return {"type": "generic", "title": "topology", **tables.layout(tables.GENERIC_COLUMNS, rows), "rows": rows,
             "plots": plot_list, "tables": extra_tables}
