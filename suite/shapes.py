@@ -90,6 +90,18 @@ class KvCompactShape:
 Policy = Literal["ar", "chain", "ddtree", "ddtree_width_capped", "static_kary"]
 
 
+def _model(name: str) -> tuple[str, str] | None:
+    """A preset that exists and is at most the full model's depth."""
+    from kdbench.references.model_config import get_preset, preset_names
+    try:
+        cfg = get_preset(name)
+    except KeyError:
+        return "model", f"got {name!r}, expected a preset: {', '.join(preset_names())}"
+    if cfg.n_layers > MAX_LAYERS:
+        return "model", f"got {cfg.n_layers} layers, expected at most {MAX_LAYERS} (the full model)"
+    return None
+
+
 @dataclass(frozen=True)
 class GenerationShape:
     """Model-level cases (acceptance, e2e): which model, drafter, policy and sizes."""
@@ -111,12 +123,10 @@ class GenerationShape:
     batch_invariant: bool = False    # batch-invariant target (plans/0010): greedy spec == AR bit for bit, any dtype
 
     def validate(self):
-        try:
-            cfg = get_preset(self.model)
-        except KeyError:
-            return "model", f"got {self.model!r}, expected a preset: {', '.join(preset_names())}"
-        if cfg.n_layers > MAX_LAYERS:
-            return "model", f"got {cfg.n_layers} layers, expected at most {MAX_LAYERS} (the full model)"
+        bad = _model(self.model)
+        if bad:
+            return bad
+        cfg = get_preset(self.model)
         if not 0 <= self.temperature < math.inf:
             return "temperature", f"got {self.temperature}, expected a finite number >= 0"
         if not 0.0 < self.quality <= 1.0:   # q = 0: the drafter never proposes the true token; cannot run
@@ -181,10 +191,15 @@ class TopologyShape:
     fault_rank: int = 1
 
     def validate(self):
-        if self.timeout_s <= 0:
-            return "timeout_s", f"got {self.timeout_s}, expected seconds > 0"
-        if self.comm_max_bytes < 4096:
-            return "comm_max_bytes", f"got {self.comm_max_bytes}, expected >= 4096"
+        bad = _model(self.model)
+        if bad:
+            return bad
+        if not 0 < self.timeout_s <= 3600:
+            return "timeout_s", f"got {self.timeout_s}, expected seconds in (0, 3600]"
+        if not 4096 <= self.comm_max_bytes <= 1 << 34:
+            return "comm_max_bytes", f"got {self.comm_max_bytes}, expected 4096 .. {1 << 34} bytes"
+        if self.gpus > 1024:
+            return "gpus", f"got {self.gpus}, expected at most 1024 ranks"
         if not self.phases:
             return "phases", "got an empty list, expected phases from prefill, decode, verify, moe"
         return (_budget(self.budget) or _positive(self, "gpus", "batch", "prompt_len", "repeat")

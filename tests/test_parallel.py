@@ -206,3 +206,17 @@ def test_one_gpu_nccl_rank_equals_one_process(tmp_path):
     recs = load_records(tmp_path / "run")
     assert res.exit_code == 0 and {r.status for r in recs} == {"pass"}
     assert all(r.extra["transport"].startswith("none (1 rank") for r in recs)
+
+
+@pytest.mark.parametrize("shape, key", [
+    ("{model: nope, gpus: 2}", "model"), ("{model: tiny, link: infiniband}", "link"),
+    ("{model: tiny, timeout_s: 0}", "timeout_s"), ("{model: tiny, phases: []}", "phases"),
+    ("{model: tiny, comm_max_bytes: 100}", "comm_max_bytes"), ("{model: tiny, gpus: 0}", "gpus"),
+])
+def test_bad_topology_shapes_are_one_line_user_errors(tmp_path, shape, key):
+    from kdbench import config
+    from kdbench.errors import ScenarioError
+    path = tmp_path / "bad.yaml"
+    path.write_text(f"name: bad\nkind: topology\ncases:\n  - name: c\n    shape: {shape}\n")
+    with pytest.raises(ScenarioError, match=rf"cases\[0\]\.shape\.{key}"):
+        config.load(path)

@@ -75,3 +75,24 @@ def test_deadline_kills_a_run_where_every_rank_hangs(tmp_path):
     assert not res.ok and "still running after 8 s" in res.error and res.exit_codes[0] is not None
     assert time.monotonic() - t0 < 8 + 10
     assert _rank_children() == []
+
+
+def test_case_time_limit_stops_the_ranks_too(tmp_path):
+    """The runner's per-case limit (case_timeout_s) lands in the launcher's poll loop: the ranks are killed."""
+    path = tmp_path / "limit.yaml"
+    path.write_text("""
+name: limit
+kind: topology
+case_timeout_s: 10
+cases:
+  - name: hang-long-timeout
+    backends: [torch]
+    shape: {model: tiny, gpus: 2, budget: 3, prompt_len: 4, dtype: float64, phases: [prefill, decode],
+            fault: hang, timeout_s: 600}
+""")
+    t0 = time.monotonic()
+    runner.run_scenarios([str(path)], str(tmp_path / "run"), "cpu", None, progress=False)
+    (rec,) = load_records(tmp_path / "run")
+    assert rec.status == "error" and "timed out" in rec.reason
+    assert time.monotonic() - t0 < 10 + 15
+    assert _rank_children() == []
