@@ -90,16 +90,16 @@ class KvCompactShape:
 Policy = Literal["ar", "chain", "ddtree", "ddtree_width_capped", "static_kary"]
 
 
-def _model(name: str) -> tuple[str, str] | None:
-    """A preset that exists and is at most the full model's depth."""
+def _preset(name: str):
+    """(config, None) for a preset that exists and is at most the full model's depth, else (None, error)."""
     from kdbench.references.model_config import get_preset, preset_names
     try:
         cfg = get_preset(name)
     except KeyError:
-        return "model", f"got {name!r}, expected a preset: {', '.join(preset_names())}"
+        return None, ("model", f"got {name!r}, expected a preset: {', '.join(preset_names())}")
     if cfg.n_layers > MAX_LAYERS:
-        return "model", f"got {cfg.n_layers} layers, expected at most {MAX_LAYERS} (the full model)"
-    return None
+        return None, ("model", f"got {cfg.n_layers} layers, expected at most {MAX_LAYERS} (the full model)")
+    return cfg, None
 
 
 @dataclass(frozen=True)
@@ -123,7 +123,7 @@ class GenerationShape:
     batch_invariant: bool = False    # batch-invariant target (plans/0010): greedy spec == AR bit for bit, any dtype
 
     def validate(self):
-        bad = _model(self.model)
+        cfg, bad = _preset(self.model)
         if bad:
             return bad
         cfg = get_preset(self.model)
@@ -191,7 +191,7 @@ class TopologyShape:
     fault_rank: int = 1
 
     def validate(self):
-        bad = _model(self.model)
+        _, bad = _preset(self.model)
         if bad:
             return bad
         if not 0 < self.timeout_s <= 3600:
