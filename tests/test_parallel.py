@@ -43,6 +43,7 @@ def test_ci_scenario_equals_one_process(ci_records):
         else:
             assert 0 < r.rel_l2 < 1e-13      # 2 ranks: the all-reduce's order differs (and is not hidden)
     assert {r.family for r in phases if r.case == "tiny-f64-ep-exact-sizes"} == {"decode", "verify", "moe"}
+    assert any(r.case == "ep-moe-grouped-f32" and r.dtype == "float32" for r in phases)
 
 
 def test_step_time_splits_into_layers_and_collectives(ci_records):
