@@ -24,6 +24,8 @@ class ShardedTransformer(Transformer):
     def __init__(self, cfg: ModelConfig, full_weights: dict[str, torch.Tensor], comm: Comm, parallel: str, *,
                  exact_dispatch: bool = False, **kw):
         check_weights(cfg, full_weights)
+        if kw.get("batch_invariant"):
+            raise ValueError("the sharded model has no batch-invariant mode (plans/0010 is one process)")
         reason = check_divisible(cfg, comm.world, parallel)
         if reason:
             raise ValueError(reason)
