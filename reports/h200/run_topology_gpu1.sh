@@ -3,6 +3,8 @@
 # AR decode, tree verify, EP MoE; tp and ep) against one process, the collective sweep 4 KiB .. 1 GiB at one
 # rank plus the step's own message sizes; the 2-GPU case must come back as a skipped row with the reason.
 # Usage (device machine, repo root): bash reports/h200/run_topology_gpu1.sh "$OUT"
+# Files back in OUT: topology-gpu1.tar.gz (records, report.html, per-rank JSON, NCCL logs), topology_nvidia_smi.txt
+# (and topology_install.log when it had to install); the summary goes to stdout.
 set -o pipefail
 out=${1:-${OUT:-/tmp/topology-out}}
 mkdir -p "$out"
@@ -12,9 +14,11 @@ python3 -c "import kdbench.parallel.worker, kdbench, os, sys; sys.exit(not kdben
   || python3 -m pip install -q --no-build-isolation --no-deps -e . > "$out/topology_install.log" 2>&1 \
   || { tail -20 "$out/topology_install.log"; exit 1; }
 nvidia-smi topo -m > "$out/topology_nvidia_smi.txt" 2>&1
-timeout 240 kdbench run scenarios/topology/h200_gpu1.yaml --device cuda --out "$out/topology-gpu1" 2>&1 | tail -20
+run=$(mktemp -d)/topology-gpu1   # the run dir holds per-rank files and NCCL logs: it comes back as one archive
+timeout 240 kdbench run scenarios/topology/h200_gpu1.yaml --device cuda --out "$run" 2>&1 | tail -20
 echo "topology rc=$? $(( $(date +%s) - t0 )) s"
-python3 - "$out/topology-gpu1" <<'PY'
+tar -czf "$out/topology-gpu1.tar.gz" -C "$(dirname "$run")" topology-gpu1
+python3 - "$run" <<'PY'
 import json, sys
 from pathlib import Path
 rows = [json.loads(l) for l in Path(sys.argv[1], "records.jsonl").read_text().splitlines()]
