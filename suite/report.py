@@ -13,6 +13,7 @@ import jinja2
 
 from kdbench import plots
 from kdbench import report_tables as tables
+from kdbench.parallel.report_section import topology_section
 from kdbench.report_tables import missing as _missing, ratio as _ratio, shape_of as _shape
 from kdbench.errors import DamagedRun
 from kdbench.results import Record, atomic_write_text, load_meta, load_records
@@ -291,6 +292,8 @@ def sections(records: list[Record], best: dict, peers: dict) -> list[dict]:
             out.append(kernel_section(family, recs, best, peers))
         elif kind in ("acceptance", "e2e"):
             out.append(generation_section(kind, recs))
+        elif kind == "topology":
+            out.append(topology_section(recs))
         else:
             rows = [tables.row(r) for r in recs]
             out.append({"type": "generic", "title": kind, **tables.layout(tables.GENERIC_COLUMNS, rows),

@@ -90,6 +90,18 @@ class KvCompactShape:
 Policy = Literal["ar", "chain", "ddtree", "ddtree_width_capped", "static_kary"]
 
 
+def _preset(name: str):
+    """(config, None) for a preset that exists and is at most the full model's depth, else (None, error)."""
+    from kdbench.references.model_config import get_preset, preset_names
+    try:
+        cfg = get_preset(name)
+    except KeyError:
+        return None, ("model", f"got {name!r}, expected a preset: {', '.join(preset_names())}")
+    if cfg.n_layers > MAX_LAYERS:
+        return None, ("model", f"got {cfg.n_layers} layers, expected at most {MAX_LAYERS} (the full model)")
+    return cfg, None
+
+
 @dataclass(frozen=True)
 class GenerationShape:
     """Model-level cases (acceptance, e2e): which model, drafter, policy and sizes."""
@@ -111,12 +123,10 @@ class GenerationShape:
     batch_invariant: bool = False    # batch-invariant target (plans/0010): greedy spec == AR bit for bit, any dtype
 
     def validate(self):
-        try:
-            cfg = get_preset(self.model)
-        except KeyError:
-            return "model", f"got {self.model!r}, expected a preset: {', '.join(preset_names())}"
-        if cfg.n_layers > MAX_LAYERS:
-            return "model", f"got {cfg.n_layers} layers, expected at most {MAX_LAYERS} (the full model)"
+        cfg, bad = _preset(self.model)
+        if bad:
+            return bad
+        cfg = get_preset(self.model)
         if not 0 <= self.temperature < math.inf:
             return "temperature", f"got {self.temperature}, expected a finite number >= 0"
         if not 0.0 < self.quality <= 1.0:   # q = 0: the drafter never proposes the true token; cannot run
@@ -164,16 +174,41 @@ def _nonneg(obj, *names):
 
 @dataclass(frozen=True)
 class TopologyShape:
-    """Multi-GPU cases (schema only in this wave: the runs come with the multi-GPU issue)."""
+    """Sharded runs (kdbench.parallel): prefill, AR decode and tree verify on `gpus` ranks, compared with one
+    process, plus the collective microbenchmark. On --device cpu the ranks are gloo processes."""
     model: str
-    gpus: int = 2
-    link: Literal["nvlink", "pcie"] = "nvlink"
+    gpus: int = 2                    # ranks: GPUs of one host (NCCL) or CPU processes (gloo)
+    link: Literal["nvlink", "pcie", "auto"] = "auto"
     parallel: Literal["tp", "ep"] = "tp"
+    ep_dispatch: Literal["padded", "exact"] = "padded"   # ep all-to-all: fixed capacity | exact sizes
     batch: int = 1
     budget: int = 64
+    prompt_len: int = 32
+    dtype: Literal["auto", "float32", "bfloat16", "float64"] = "auto"
+    phases: tuple[Literal["prefill", "decode", "verify", "moe"], ...] = ("prefill", "decode", "verify", "moe")
+    check: bool = True               # rank 0 also runs the one-process model and compares the logits
+    warmup: int = 1
+    repeat: int = 5
+    timeout_s: float = 120.0         # collective timeout; the launcher kills the run at timeout_s + 60 s
+    comm_bench: bool = False         # collective sweep 4 KiB .. comm_max_bytes + the step's own messages
+    comm_max_bytes: int = 1 << 30
+    fault: Literal["none", "raise", "kill", "hang"] = "none"   # inject a fault (tests of the launcher)
+    fault_rank: int = 1
 
     def validate(self):
-        return _budget(self.budget) or _positive(self, "gpus", "batch")
+        _, bad = _preset(self.model)
+        if bad:
+            return bad
+        if not 0 < self.timeout_s <= 3600:
+            return "timeout_s", f"got {self.timeout_s}, expected seconds in (0, 3600]"
+        if not 4096 <= self.comm_max_bytes <= 1 << 34:
+            return "comm_max_bytes", f"got {self.comm_max_bytes}, expected 4096 .. {1 << 34} bytes"
+        if self.gpus > 1024:
+            return "gpus", f"got {self.gpus}, expected at most 1024 ranks"
+        if not self.phases:
+            return "phases", "got an empty list, expected phases from prefill, decode, verify, moe"
+        return (_budget(self.budget) or _positive(self, "gpus", "batch", "prompt_len", "repeat")
+                or _nonneg(self, "warmup", "fault_rank"))
 
 
 REPLAY_DEPTH = 15   # the traced drafters' L (the keyed synthetic and block drafters' default)

@@ -1,5 +1,5 @@
 """Every scenario kind runs on CPU with tiny shapes: acceptance (tau, per-depth, losslessness), e2e (per-stage
-times, speedup, predicted speedup), topology (schema only: skipped with the reason, link fields kept)."""
+times, speedup, predicted speedup), topology (link modes skip on the CPU with the reason; the sharded runs: tests/test_parallel.py)."""
 from __future__ import annotations
 
 import math
@@ -81,12 +81,13 @@ def test_e2e_kind(tmp_path):
     assert spec.ttft_s > 0 and spec.tpot_s > 0
 
 
-def test_topology_kind_is_schema_only_with_link_fields(tmp_path):
+def test_topology_link_modes_skip_on_cpu_with_the_reason(tmp_path):
+    """nvlink / pcie select NCCL transports: on the CPU (gloo) they are skipped rows, link fields kept."""
     out, recs = _run(tmp_path, TOPOLOGY, "topo")
     assert out.exit_code == 0
     assert [r.link for r in recs] == ["nvlink", "pcie"]
-    assert all(r.status == "skipped" and "not implemented" in r.reason for r in recs)
-    assert "NCCL_P2P_DISABLE=1" in recs[1].extra["transport"]
+    assert all(r.status == "skipped" and "--device cpu runs gloo" in r.reason for r in recs)
+    assert all("topology_matrix" in r.extra for r in recs)
 
 
 def test_divergence_is_classified_by_the_ar_logit_gap():
