@@ -63,9 +63,14 @@ def _compare(args) -> int:
         raise UserError(f"--alpha: got {args.alpha}, expected a significance level in (0, 1)")
     if not 0 <= args.min_effect:
         raise UserError(f"--min-effect: got {args.min_effect}, expected a relative change >= 0")
-    base, new = _run_dir(args.base), Path(args.new)
+    if args.against:
+        return _compare_against(args)
+    if len(args.paths) != 2:
+        raise UserError(f"compare: got {len(args.paths)} run directories, expected BASE_RUN NEW_RUN "
+                        "(or --against REV [SCENARIO...])")
+    base, new = _run_dir(args.paths[0]), Path(args.paths[1])
     if new.exists():
-        _run_dir(args.new) if (new / "meta.json").exists() or (new / "records.jsonl").exists() else None
+        _run_dir(args.paths[1]) if (new / "meta.json").exists() or (new / "records.jsonl").exists() else None
     result = regress.compare(base, new, alpha=args.alpha, min_effect=args.min_effect,
                              allow_partial=args.allow_partial)
     for reason in result.closed:
@@ -74,9 +79,22 @@ def _compare(args) -> int:
         return result.exit_code     # nowhere to put the HTML diff; the reason is on the terminal
     out = Path(args.out) if args.out else new / "compare.html"
     path = regress.render_compare(result, out)
-    print("verdicts: " + ", ".join(f"{k} {v}" for k, v in sorted(result.verdict_counts.items())))
+    print("verdicts: " + regress.headline(result))
     _print_path("report", path)
     return result.exit_code
+
+
+def _compare_against(args) -> int:
+    from kdbench import ab, nightly
+    if args.rounds < 1:
+        raise UserError(f"--rounds: got {args.rounds}, expected an integer >= 1 (ABBA pairs)")
+    scenarios = args.paths or nightly.scenario_paths()
+    for s in scenarios:
+        if not Path(s).is_file():
+            raise UserError(f"{s}: no such scenario file (with --against the arguments are scenario files)")
+    out = Path(args.out_dir or f"runs/ab-{nightly._stamp()}")
+    plan = ab.AbPlan(args.against, tuple(scenarios), out, tuple(args.filter or ()), args.device, args.rounds)
+    return nightly.compare_against(plan, alpha=args.alpha, min_effect=args.min_effect)
 
 
 def _list(args) -> int:
@@ -134,7 +152,43 @@ def _nightly(args) -> int:
         path = nightly.update_baseline(_run_dir(args.update_baseline), args.baselines)
         print(f"baseline updated: {path}")
         return 0
-    return nightly.run_nightly(args.out, args.baselines)
+    if args.calibrate:
+        return _calibrate(args)
+    if args.history:
+        return _history(args)
+    return nightly.run_nightly(args.out, args.baselines, against=args.against, rounds=args.rounds)
+
+
+def _calibrate(args) -> int:
+    from kdbench import drift, nightly
+    runs = [_run_dir(d) for d in args.calibrate]
+    dest = nightly._resolve(args.baselines) / nightly.run_slug(runs[0])
+    path = drift.write_spread(dest, runs)
+    print(f"A/A spread of {len(runs)} runs written: {path}")
+    return 0
+
+
+def _history(args) -> int:
+    from kdbench import drift, nightly
+    folder = Path(args.history)
+    spread = {}
+    runs = sorted(d for d in folder.iterdir() if (d / "meta.json").exists()) if folder.is_dir() else []
+    if runs:
+        spread = drift.load_spread(nightly._resolve(args.baselines) / nightly.run_slug(runs[0]))
+    points = drift.history(folder, spread=spread)
+    for line in drift.history_lines(points):
+        print(line)
+    print(f"{sum(p.flagged for p in points)} of {len(points)} gating rows changed level", file=sys.stderr)
+    return 0
+
+
+class _Defaults(argparse.HelpFormatter):
+    """Appends each option's default to its help, unless there is none or the help already names one."""
+    def _get_help_string(self, action):
+        text = action.help or ""
+        if action.default not in (None, False, argparse.SUPPRESS) and "default" not in text:
+            text += " (default: %(default)s)"
+        return text
 
 
 def config_max_cases() -> int:
@@ -161,10 +215,20 @@ def build_parser() -> argparse.ArgumentParser:
     rep = sub.add_parser("report", help="render the HTML report of a run directory (partial runs too)")
     rep.add_argument("run_dir")
     rep.set_defaults(func=_report)
-    c = sub.add_parser("compare", help="compare two runs: U test on raw samples, verdicts, HTML diff")
-    c.add_argument("base")
-    c.add_argument("new")
-    c.add_argument("--out", help="HTML path (default NEW/compare.html)")
+    c = sub.add_parser("compare", formatter_class=_Defaults,
+                       help="compare two runs, or this code against REV on this machine: U test, verdicts, HTML",
+                       description="Verdicts per row: fail, slower, faster, ambiguous (the test cannot be trusted: "
+                                   "too few samples to reach alpha, SM clocks or throttling differ), same, "
+                                   "skipped, missing, new. Exit 1 on a failed check or a slower gating row.")
+    c.add_argument("paths", nargs="*", metavar="PATH",
+                   help="BASE_RUN NEW_RUN; with --against: scenario files (default scenarios/nightly/*.yaml)")
+    c.add_argument("--against", metavar="REV",
+                   help="a git revision or a source-tree path: run it and this code in ABBA rounds here")
+    c.add_argument("--rounds", type=int, default=2, help="--against: ABBA round pairs (2 = A B B A)")
+    c.add_argument("--filter", action="append", metavar="EXPR", help="--against: case filter, as for run")
+    c.add_argument("--device", default="auto", choices=["cpu", "cuda", "auto"], help="--against: device")
+    c.add_argument("--out-dir", help="--against: where rounds and pooled runs go (default runs/ab-<time>)")
+    c.add_argument("--out", help="HTML path (default NEW_RUN/compare.html)")
     c.add_argument("--alpha", type=float, default=0.002, help="U-test significance level")
     c.add_argument("--min-effect", type=float, default=0.05, help="minimum relative change of the median")
     c.add_argument("--allow-partial", action="store_true",
@@ -183,6 +247,12 @@ def build_parser() -> argparse.ArgumentParser:
     n.add_argument("--out", help="run directory")
     n.add_argument("--baselines", default="reports/baselines", help="baseline root (one folder per GPU)")
     n.add_argument("--update-baseline", metavar="RUN_DIR", help="accept RUN_DIR as the new baseline")
+    n.add_argument("--against", metavar="REV", help="gate on ABBA rounds of REV (git revision or source tree) "
+                                                    "and this code on this machine; the baseline shows drift")
+    n.add_argument("--rounds", type=int, default=2, help="--against: ABBA round pairs")
+    n.add_argument("--calibrate", nargs="+", metavar="RUN_DIR",
+                   help="store the A/A spread of >= 2 runs of one code with the baseline (per-row min effect)")
+    n.add_argument("--history", metavar="DIR", help="change-point view over the nightly runs in DIR")
     n.set_defaults(func=_nightly)
     replay_cli.add_commands(sub)   # trace, replay (suite/replay_cli.py)
     return p

@@ -83,8 +83,15 @@ def _ambiguity(base: Record, new: Record, alpha: float) -> str:
     return ""
 
 
+def _level(rec: Record) -> float:
+    """The row's time level: the median of its samples, or for a row pooled from A/B rounds (kdbench.ab) the
+    lowest round's 20th percentile (preemption only adds time, so the low quantile is the cleanest estimate)."""
+    level = rec.extra.get("ab_level_s")
+    return float(level) if isinstance(level, (int, float)) and level > 0 else float(np.median(rec.samples_s))
+
+
 def _timing_verdict(base: Record, new: Record, alpha: float, min_effect: float) -> dict[str, Any]:
-    b_med, n_med = float(np.median(base.samples_s)), float(np.median(new.samples_s))
+    b_med, n_med = _level(base), _level(new)
     change = n_med / b_med - 1.0 if b_med > 0 else math.nan
     _, p = mann_whitney_u(base.samples_s, new.samples_s)
     out = {"base_median_s": b_med, "new_median_s": n_med, "change_pct": 100 * change, "p_value": p}
@@ -129,7 +136,7 @@ def _row(key: tuple, base: Record | None, new: Record | None, alpha: float, min_
                base_sm_clock_mhz=base.sm_clock_mhz if base else math.nan,
                new_sm_clock_mhz=new.sm_clock_mhz if new else math.nan,
                base_throttle=_throttle(base) if base else "", new_throttle=_throttle(new) if new else "",
-               repro=(new or base).repro)
+               repro=(new or base).repro, min_effect=min_effect)
     row.update(_row_verdict(base, new, alpha, min_effect))
     return row
 
@@ -177,9 +184,10 @@ def fail_closed_reasons(base_dir: Path, new_dir: Path, base: list[Record], new: 
 
 
 def compare(base_dir, new_dir, *, alpha: float = 0.002, min_effect: float = 0.05,
-            allow_partial: bool = False) -> CompareResult:
+            allow_partial: bool = False, row_min_effect: dict[tuple, float] | None = None) -> CompareResult:
     """Join two run directories on KEY_COLUMNS and give every key a verdict (see VERDICTS). Fails closed
-    (exit 1, reasons in `closed`) on a missing, partial, empty or mismatched new run unless allow_partial."""
+    (exit 1, reasons in `closed`) on a missing, partial, empty or mismatched new run unless allow_partial.
+    row_min_effect: per key, a larger minimum effect (the A/A spread stored with a baseline, drift.py)."""
     base_dir, new_dir = Path(base_dir), Path(new_dir)
     base_loaded, new_loaded = load_run_records(base_dir), load_run_records(new_dir)
     base = {r.key(): r for r in base_loaded.records}
@@ -188,7 +196,8 @@ def compare(base_dir, new_dir, *, alpha: float = 0.002, min_effect: float = 0.05
     torn = [f"the {label}'s records.jsonl ends in a torn line (a write cut short); it was dropped"
             for label, loaded in (("baseline", base_loaded), ("new run", new_loaded)) if loaded.torn_last_line]
     keys = list(new) + [k for k in base if k not in new]
-    rows = [_row(k, base.get(k), new.get(k), alpha, min_effect) for k in keys]
+    floors = row_min_effect or {}
+    rows = [_row(k, base.get(k), new.get(k), alpha, max(min_effect, floors.get(k, 0.0))) for k in keys]
     counts = {v: 0 for v in VERDICTS}
     for row in rows:
         counts[row["verdict"]] += 1
@@ -202,6 +211,23 @@ def compare(base_dir, new_dir, *, alpha: float = 0.002, min_effect: float = 0.05
                          [] if allow_partial else closed)
 
 
+def is_gating(row: dict[str, Any]) -> bool:
+    """Whether a compare row's verdict can fail the compare (regress.gates on its kind and backend)."""
+    return row["verdict"] == "fail" or gates(row["kind"], row["backend"])
+
+
+def headline(result: CompareResult) -> str:
+    """Verdict counts of the gating rows, then those of the context rows apart (they never fail a compare)."""
+    def counts(rows):
+        c = {v: 0 for v in VERDICTS}
+        for r in rows:
+            c[r["verdict"]] += 1
+        return ", ".join(f"{k} {n}" for k, n in c.items() if n) or "none"
+    gating = [r for r in result.rows if is_gating(r)]
+    context = [r for r in result.rows if not is_gating(r)]
+    return f"gating rows: {counts(gating)}; context rows (do not gate): {counts(context)}"
+
+
 def render_compare(result: CompareResult, out_html, *, base_label: str = "", new_label: str = "") -> Path:
     """Write the diff report (one self-contained, autoescaped HTML file); labels default to the run dirs."""
     base_label = base_label or result.base_dir or "baseline"
@@ -211,7 +237,8 @@ def render_compare(result: CompareResult, out_html, *, base_label: str = "", new
     rows = sorted(result.rows, key=lambda r: order[r["verdict"]])
     html = environment().get_template("compare.html.j2").render(
         title=f"kdbench compare: {new_label} vs {base_label}", result=result, rows=rows, verdicts=VERDICTS,
-        base_label=base_label, new_label=new_label, key_columns=KEY_COLUMNS,
+        base_label=base_label, new_label=new_label, key_columns=KEY_COLUMNS, headline=headline(result),
+        gating=[r for r in rows if is_gating(r)], context=[r for r in rows if not is_gating(r)],
         clock_tolerance_pct=100 * CLOCK_TOLERANCE)
     out = Path(out_html)
     out.parent.mkdir(parents=True, exist_ok=True)
