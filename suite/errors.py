@@ -1,4 +1,5 @@
-"""User-facing errors: the CLI prints them in one line and exits 2, with no traceback."""
+"""User-facing errors: the CLI prints them in one line and exits 2, with no traceback; `clip` keeps stored reasons
+to whole words."""
 from __future__ import annotations
 
 
@@ -21,3 +22,14 @@ class ScenarioError(UserError):
 
 class DamagedRun(UserError):
     """A run directory whose records.jsonl or meta.json cannot be read as kdbench wrote it: exit code 2."""
+
+
+def clip(text: str, limit: int = 500) -> str:
+    """A reason stored on a record, at most `limit` characters and cut between words ('…' marks the cut):
+    a report must never show half a word."""
+    text = str(text)
+    if len(text) <= limit:
+        return text
+    head = text[:limit - 1]
+    cut = head.rfind(" ")
+    return (head[:cut] if cut > limit // 2 else head).rstrip(" ,;:") + "…"

@@ -39,9 +39,10 @@ def _ok(x) -> bool:
     return x is not None and isinstance(x, (int, float)) and math.isfinite(x) and x > 0
 
 
-def roofline(points: list[dict], ceilings: dict | None) -> str | None:
-    """points: {label, intensity (FLOP/byte), rate (FLOP/s)}; ceilings: {copy_bytes_per_s, matmul_flops_per_s}.
-    The roof is min(matmul rate, intensity x copy bandwidth) on log-log axes."""
+def roofline(points: list[dict], roofs: dict[str, dict]) -> str | None:
+    """points: {label, intensity (FLOP/byte), rate (FLOP/s)}; roofs: {device label: {copy_bytes_per_s,
+    matmul_flops_per_s}}, one roof per device the rows were timed on (the first solid, others dashed), each
+    min(matmul rate, intensity x copy bandwidth) on log-log axes."""
     pts = [p for p in points if _ok(p["intensity"]) and _ok(p["rate"])]
     if not pts:
         return None
@@ -49,13 +50,15 @@ def roofline(points: list[dict], ceilings: dict | None) -> str | None:
     ax = fig.add_subplot()
     xs = [p["intensity"] for p in pts]
     lo, hi = min(xs) / 4, max(xs) * 4
-    if ceilings and _ok(ceilings.get("copy_bytes_per_s")) and _ok(ceilings.get("matmul_flops_per_s")):
-        bw, peak = ceilings["copy_bytes_per_s"], ceilings["matmul_flops_per_s"]
-        ridge = peak / bw
+    usable = {k: c for k, c in roofs.items() if _ok(c.get("copy_bytes_per_s")) and _ok(c.get("matmul_flops_per_s"))}
+    for c in usable.values():
+        ridge = c["matmul_flops_per_s"] / c["copy_bytes_per_s"]
         lo, hi = min(lo, ridge / 4), max(hi, ridge * 4)
-        grid = [lo * (hi / lo) ** (i / 63) for i in range(64)]
-        ax.plot(grid, [timing.attainable_flops_per_s(x, bw, peak) for x in grid], color="black", lw=1.5,
-                label=f"roof: {_si(bw)}B/s copy, {_si(peak)}FLOP/s matmul")
+    grid = [lo * (hi / lo) ** (i / 63) for i in range(64)]
+    for i, (where, c) in enumerate(usable.items()):
+        bw, peak = c["copy_bytes_per_s"], c["matmul_flops_per_s"]
+        ax.plot(grid, [timing.attainable_flops_per_s(x, bw, peak) for x in grid], color="black" if i == 0 else "grey", lw=1.5,
+                ls="-" if i == 0 else "--", label=f"{where} roof: {_si(bw)}B/s copy, {_si(peak)}FLOP/s matmul")
     for label in sorted({p["label"] for p in pts}):
         sel = [p for p in pts if p["label"] == label]
         ax.scatter([p["intensity"] for p in sel], [p["rate"] for p in sel], s=22, label=label)

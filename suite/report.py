@@ -10,8 +10,9 @@ from pathlib import Path
 from typing import Any
 
 import jinja2
+from markupsafe import Markup, escape
 
-from kdbench import plots
+from kdbench import plots, report_header, tolerances
 from kdbench import report_tables as tables
 from kdbench.parallel.report_section import topology_section
 from kdbench.report_tables import missing as _missing, ratio as _ratio, shape_of as _shape
@@ -98,11 +99,16 @@ def span(pair, fmt: str = "num") -> str:
     return lo if lo == hi else f"{lo}–{hi}"
 
 
+def breakable(text) -> Markup:
+    """A case name that may wrap after its commas ('bench[heads=128,<wbr>nodes=256]'), escaped."""
+    return Markup(",<wbr>").join(escape(str(text)).split(","))
+
+
 def environment() -> jinja2.Environment:
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATES)), autoescape=True,
                              undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True)
     env.filters.update(cell=cell, num=fmt_num, time=fmt_time, pct=fmt_pct, change=fmt_change, span=span,
-                       time_range=fmt_time_range)
+                       time_range=fmt_time_range, breakable=breakable)
     return env
 
 
@@ -201,18 +207,26 @@ def _latency_plots(recs: list[Record]) -> list[dict]:
 
 
 def _roofline_plot(recs: list[Record], family: str) -> dict | None:
-    points, ceilings = [], None
-    for r in recs:
-        ceilings = ceilings or r.extra.get("ceilings")
-        points.append({"label": r.backend, "intensity": _ratio(r.flops, r.bytes_moved),
-                       "rate": _ratio(r.flops, r.time_median_s)})
-    uri = plots.roofline(points, ceilings)
+    """Each row against the roof of the device it was timed on: host-timed rows (the numpy reference on a GPU
+    run) are labelled '(CPU)' and draw the CPU roof beside the GPU's, never under it."""
+    wheres = [tables.where_timed(r) for r in recs]
+    main = max(set(wheres), key=wheres.count) if wheres else ""
+    roofs: dict[str, dict] = {}
+    points = []
+    for r, where in zip(recs, wheres):
+        if isinstance(r.extra.get("ceilings"), dict):
+            roofs.setdefault(where, r.extra["ceilings"])
+        points.append({"label": r.backend if where == main else f"{r.backend} ({where})",
+                       "intensity": _ratio(r.flops, r.bytes_moved), "rate": _ratio(r.flops, r.time_median_s)})
+    roofs = dict(sorted(roofs.items(), key=lambda kv: kv[0] != main))   # the main device's roof first
+    uri = plots.roofline(points, roofs)
     shown = sum(1 for p in points if p["intensity"] > 0 and p["rate"] > 0)
     note = f"{len(points) - shown} timed rows without flops or bytes are not drawn" if shown < len(points) else ""
     return uri and {"title": f"Roofline: {family}", "uri": uri, "wide": False,
                     "caption": "achieved FLOP/s = flops / median time against intensity = flops / bytes_moved; "
-                               "the roof is min(matmul rate, intensity x copy bandwidth) measured on this "
-                               f"machine{'. ' + note if note else ''}"}
+                               "each roof is min(matmul rate, intensity x copy bandwidth) measured on the device "
+                               f"the rows were timed on ({', '.join(roofs) or 'none recorded'})"
+                               f"{'. ' + note if note else ''}"}
 
 
 # ------------------------------------------------------------------------------------------ generation plots
@@ -266,8 +280,10 @@ def _generation_plots(recs: list[Record]) -> list[dict]:
 
 # ------------------------------------------------------------------------------------------ sections
 
-def kernel_section(family: str, recs: list[Record], best: dict, peers: dict) -> dict:
+def kernel_section(family: str, recs: list[Record], best: dict, peers: dict, tols: dict | None = None) -> dict:
     rows = tables.kernel_rows(recs, best, peers)
+    for row in rows:
+        row["tolerance"] = tolerances.describe(tolerances.tolerance_of(row["scenario"], row["case"], tols or {}))
     plot_list = [p for p in [_roofline_plot(recs, family)] + _latency_plots(recs) if p]
     return {"type": "kernel", "title": f"kernel: {family}", **tables.layout(tables.KERNEL_COLUMNS, rows),
             "rows": rows, "plots": plot_list, "compared": any(r["baseline"] for r in rows),
@@ -285,11 +301,11 @@ def _groups(records: list[Record]) -> dict[tuple[str, str], list[Record]]:
     return tables.grouped(records, lambda r: (r.kind, r.family if r.kind == "kernel" else ""))
 
 
-def sections(records: list[Record], best: dict, peers: dict) -> list[dict]:
+def sections(records: list[Record], best: dict, peers: dict, tols: dict | None = None) -> list[dict]:
     out = []
     for (kind, family), recs in _groups(records).items():
         if kind == "kernel":
-            out.append(kernel_section(family, recs, best, peers))
+            out.append(kernel_section(family, recs, best, peers, tols))
         elif kind in ("acceptance", "e2e"):
             out.append(generation_section(kind, recs))
         elif kind == "topology":
@@ -336,7 +352,17 @@ def env_rows(fp: dict[str, Any]) -> list[tuple[str, str]]:
 
 def context(run_dir: Path, records: list[Record], meta: dict[str, Any]) -> dict[str, Any]:
     best, peers = tables.best_baselines(records), tables.best_peers(records)
+    safe = dict(meta, **{k: _meta_field(run_dir, meta, k, kind)   # damaged meta: DamagedRun before any use
+                         for k, kind in (("fingerprint", dict), ("scenarios", list), ("parts", list))})
+    section_list = sections(records, best, peers, tolerances.case_tolerances(safe))
+    skipped = tables.skipped_groups(records)
+    for g in skipped:
+        g["reason"] = report_header.whole_sentences(g["reason"])
     return {
+        "verdicts": report_header.kind_verdicts(records),
+        "header": report_header.header(safe, records),
+        "parts": report_header.parts(safe),
+        "toc": report_header.toc(section_list, bool(safe["scenarios"])),
         "title": f"kdbench run {run_dir.name}",
         "meta": meta,
         "partial": not is_finished(meta),
@@ -345,10 +371,10 @@ def context(run_dir: Path, records: list[Record], meta: dict[str, Any]) -> dict[
         "n_records": len(records),
         "counts": tables.verdict_counts(records),
         "attention": tables.attention_rows(records),
-        "skipped": tables.skipped_groups(records),
+        "skipped": skipped,
         "headlines": headlines(records, best, peers),
-        "sections": sections(records, best, peers),
-        "env_rows": env_rows(_meta_field(run_dir, meta, "fingerprint", dict)),
+        "sections": section_list,
+        "env_rows": env_rows(safe["fingerprint"]),
         "ceilings": tables.ceiling_rows(records),
         "telemetry": tables.telemetry_rows(records),
         "scenarios": [{k: str(sc.get(k, "")) for k in ("name", "kind", "file", "text")}

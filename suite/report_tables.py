@@ -274,16 +274,24 @@ def generation_rows(recs: list[Record], depths: int = 4) -> list[dict[str, Any]]
 
 # ------------------------------------------------------------------------------------------ conventions
 
+def where_timed(rec: Record) -> str:
+    """The device a row was timed on: 'CPU' for host-timed rows (the numpy reference on a GPU run, or a CPU
+    run), else the row's GPU; its ceilings come from there."""
+    timed_on = rec.extra.get("timed_on") or ("cpu" if rec.device == "cpu" else "cuda")
+    return "CPU" if timed_on == "cpu" else (rec.device or "GPU")
+
+
 def ceiling_rows(records: list[Record]) -> list[dict[str, Any]]:
-    """The distinct roofline ceilings the rows were scored against (Record.extra['ceilings'])."""
+    """The distinct roofline ceilings the rows were scored against (Record.extra['ceilings']), labelled with
+    the device each row was timed on."""
     seen: dict[tuple, dict[str, Any]] = {}
     for r in records:
         c = r.extra.get("ceilings")
         if not isinstance(c, dict):
             continue
         bw, peak, source = c.get("copy_bytes_per_s"), c.get("matmul_flops_per_s"), str(c.get("source", ""))
-        entry = seen.setdefault((r.device, bw, peak), {
-            "device": r.device, "copy_tb_per_s": ratio(bw, 1e12), "matmul_tflop_per_s": ratio(peak, 1e12),
+        entry = seen.setdefault((where_timed(r), bw, peak), {
+            "device": where_timed(r), "copy_tb_per_s": ratio(bw, 1e12), "matmul_tflop_per_s": ratio(peak, 1e12),
             "ridge": ratio(peak, bw), "source": source, "rows": 0})
         entry["rows"] += 1
         if len(source) < len(entry["source"]):   # the same figures read back from the cache say so at length

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from kdbench import config, estimate, rundir
-from kdbench.errors import UserError
+from kdbench.errors import UserError, clip
 from kdbench.interrupts import CaseTimeout, Interrupted, finishing, time_limit
 from kdbench.results import Record, RunWriter
 
@@ -164,7 +164,7 @@ def _run_cases(cases: list[config.Case], ctx: RunContext, writer: RunWriter, pro
 
 def error_record(case: config.Case, ctx: RunContext, exc: BaseException, backend: str = "") -> Record:
     tb = traceback.format_exception(type(exc), exc, exc.__traceback__)
-    return ctx.record(case, backend, status="error", reason=f"{type(exc).__name__}: {exc}"[:500],
+    return ctx.record(case, backend, status="error", reason=clip(f"{type(exc).__name__}: {exc}"),
                       extra={"traceback": "".join(tb[-6:])})
 
 

@@ -28,8 +28,9 @@ def case_tolerances(meta: dict[str, Any]) -> dict[tuple[str, str], dict[str, flo
     return out
 
 
-def tolerance_of(rec: Record, tolerances: dict) -> dict[str, float] | None:
-    return tolerances.get((rec.scenario, rec.case.split("[", 1)[0]))
+def tolerance_of(scenario: str, case: str, tolerances: dict) -> dict[str, float] | None:
+    """A case's tolerance; sweeps do not change it, so 'name[k=v]' reads that of 'name'."""
+    return tolerances.get((scenario, case.split("[", 1)[0]))
 
 
 def describe(tol: dict[str, float] | None) -> str:
@@ -67,4 +68,5 @@ def failed_check(rec: Record, tol: dict[str, float] | None) -> str:
 
 def failed_checks(records: list[Record], meta: dict[str, Any]) -> list[str]:
     tolerances = case_tolerances(meta)
-    return [failed_check(r, tolerance_of(r, tolerances)) for r in records if r.status in ("fail", "error")]
+    return [failed_check(r, tolerance_of(r.scenario, r.case, tolerances))
+            for r in records if r.status in ("fail", "error")]

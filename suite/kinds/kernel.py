@@ -14,6 +14,7 @@ from kdbench import check as checks
 from kdbench import families, timing
 from kdbench.backends import registry
 from kdbench.config import derive_seed
+from kdbench.errors import clip
 from kdbench.families import common
 from kdbench.results import Record
 from kdbench.telemetry import Sampler
@@ -107,7 +108,7 @@ def _bytes(fam, case, trials: Trials) -> float:
 def _failure(case, ctx, backend: str, reason: str) -> Record:
     """Out of memory at a shape is a skip with that reason (a baseline that does not fit); else an error."""
     status = "skipped" if reason.startswith("out of memory") else "error"
-    return ctx.record(case, backend, status=status, reason=reason[:500])
+    return ctx.record(case, backend, status=status, reason=clip(reason))
 
 
 def _available(fam, backend: str, case, device: str) -> tuple[bool, str]:
@@ -121,7 +122,7 @@ def _available(fam, backend: str, case, device: str) -> tuple[bool, str]:
 def _describe(exc: Exception) -> str:
     """A baseline that does not fit in device memory at a shape is skipped with that reason, not an error."""
     if type(exc).__name__ == "OutOfMemoryError":
-        return f"out of memory at this shape: {str(exc).splitlines()[0][:200]}"
+        return f"out of memory at this shape: {clip(str(exc).splitlines()[0], 200)}"
     return f"{type(exc).__name__}: {exc}"
 
 
@@ -152,7 +153,7 @@ def _measured(fam, case, ctx, backend: str, trials: Trials, timed) -> Record:
         rec.trials, rec.n_nan, rec.max_abs, rec.max_rel = len(checked), res.n_nan, res.max_abs, res.max_rel
         rec.rel_l2, rec.pct_outside, rec.worst = res.rel_l2, res.pct_outside, res.worst
         if not res.passed:
-            rec.reason = f"outside tolerance: {res.worst}"[:500]
+            rec.reason = clip(f"outside tolerance: {res.worst}")
     _fill_timing(rec, t, fam, case, trials.inputs, _device(backend, ctx), ctx)
     _fill_telemetry(rec, telemetry)
     rec.extra["timing_order"] = "interleaved rounds, alternating order (ABBA)"
