@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# H200: the nightly through `--against` on one machine, A/A (the base is a copy of the same files, so the
+# expected exit is 0), then the calibration the stored baseline needs: the A/A spread of the two pooled sides.
+# The base is given as a source-tree path because the device's .git can be older than the files it got.
+# Expected: ~4-6 min (4 nightly rounds of ~60 s each; one CUDA build, shared: identical sources hash alike).
+# Returns OUT/nightly_ab.tgz (rounds, pooled runs, compare.html, report.html, log).
+# Usage (device machine, repo root): KDBENCH_GIT_SHA=<sha> bash reports/h200/nightly_ab.sh OUT_DIR [ROUNDS]
+set -uo pipefail
+out=${1:?OUT_DIR}; rounds=${2:-2}; export PYTHONUNBUFFERED=1 MPLBACKEND=Agg
+n=/tmp/kdbench_nightly_ab; base=/tmp/kdbench_base_tree; rm -rf "$n" "$base"; mkdir -p "$n" "$base"
+python3 -m pip install -q --no-build-isolation --no-deps -e . > /dev/null 2>&1; kdbench build > /dev/null 2>&1
+tar --exclude=./.git --exclude=./runs --exclude=./.carry -cf - . | tar -xf - -C "$base"
+timeout 480 kdbench nightly --against "$base" --rounds "$rounds" --out "$n/ab" > "$n/nightly_ab.log" 2>&1
+echo "nightly --against (A/A) rc=$? (expected 0)"; grep -E "A/B against|SLOWER|FAIL|stored baseline" "$n/nightly_ab.log"
+kdbench nightly --calibrate "$n/ab/base" "$n/ab/new" --baselines "$n/baselines" >> "$n/nightly_ab.log" 2>&1
+tar -czf "$out/nightly_ab.tgz" -C /tmp kdbench_nightly_ab
