@@ -196,25 +196,7 @@ def config_max_cases() -> int:
     return MAX_CASES
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="kdbench", description=__doc__)
-    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    r = sub.add_parser("run", help="run scenarios, write results and the HTML report")
-    r.add_argument("scenarios", nargs="+", metavar="SCENARIO", help="scenario YAML files")
-    r.add_argument("--out", help="run directory (default runs/<time>-<names>)")
-    r.add_argument("--device", default="auto", choices=["cpu", "cuda", "auto"])
-    r.add_argument("--filter", action="append", metavar="EXPR",
-                   help="case filter: an exact case name, or comma-separated terms that must all match "
-                        "(key=value on family/dtype/shape keys, else a substring of the name); repeat it to "
-                        "run the cases any of the values selects")
-    r.add_argument("--max-cases", type=int, default=config_max_cases(), metavar="N",
-                   help="refuse a run that expands to more than N cases (default %(default)s)")
-    r.add_argument("--force", action="store_true",
-                   help="run scenarios that do not fit this machine (estimated memory, no available backend)")
-    r.set_defaults(func=_run)
-    rep = sub.add_parser("report", help="render the HTML report of a run directory (partial runs too)")
-    rep.add_argument("run_dir")
-    rep.set_defaults(func=_report)
+def _add_compare(sub) -> None:
     c = sub.add_parser("compare", formatter_class=_Defaults,
                        help="compare two runs, or this code against REV on this machine: U test, verdicts, HTML",
                        description="Verdicts per row: fail, slower, faster, ambiguous (the test cannot be trusted: "
@@ -234,16 +216,11 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--allow-partial", action="store_true",
                    help="compare a partial, empty or different-scenario new run instead of failing (exit 1)")
     c.set_defaults(func=_compare)
-    ls = sub.add_parser("list", help="scenarios, kernel families, backends and their availability")
-    ls.add_argument("--root", default="scenarios", help="where to look for scenario files")
-    ls.add_argument("--max-cases", type=int, default=config_max_cases(), metavar="N", help=argparse.SUPPRESS)
-    ls.set_defaults(func=_list)
-    e = sub.add_parser("env", help="CPU, GPUs, driver, CUDA, torch, NVML topology")
-    e.set_defaults(func=_env)
-    b = sub.add_parser("build", help="JIT-build the CUDA extension (GPU machine)")
-    b.add_argument("--verbose", action="store_true")
-    b.set_defaults(func=_build)
-    n = sub.add_parser("nightly", help="run scenarios/nightly/*.yaml and compare with the stored baseline")
+
+
+def _add_nightly(sub) -> None:
+    n = sub.add_parser("nightly", formatter_class=_Defaults,
+                       help="run scenarios/nightly/*.yaml and compare with the stored baseline")
     n.add_argument("--out", help="run directory")
     n.add_argument("--baselines", default="reports/baselines", help="baseline root (one folder per GPU)")
     n.add_argument("--update-baseline", metavar="RUN_DIR", help="accept RUN_DIR as the new baseline")
@@ -254,6 +231,38 @@ def build_parser() -> argparse.ArgumentParser:
                    help="store the A/A spread of >= 2 runs of one code with the baseline (per-row min effect)")
     n.add_argument("--history", metavar="DIR", help="change-point view over the nightly runs in DIR")
     n.set_defaults(func=_nightly)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="kdbench", description=__doc__)
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    r = sub.add_parser("run", help="run scenarios, write results and the HTML report")
+    r.add_argument("scenarios", nargs="+", metavar="SCENARIO", help="scenario YAML files")
+    r.add_argument("--out", help="run directory (default runs/<time>-<names>)")
+    r.add_argument("--device", default="auto", choices=["cpu", "cuda", "auto"])
+    r.add_argument("--filter", action="append", metavar="EXPR",
+                   help="case filter: an exact case name, or comma-separated terms that must all match "
+                        "(key=value on family/dtype/shape keys, else a substring of the name); repeat it to "
+                        "run the cases any of the values selects")
+    r.add_argument("--max-cases", type=int, default=config_max_cases(), metavar="N",
+                   help="refuse a run that expands to more than N cases (default %(default)s)")
+    r.add_argument("--force", action="store_true",
+                   help="run scenarios that do not fit this machine (estimated memory, no available backend)")
+    r.set_defaults(func=_run)
+    rep = sub.add_parser("report", help="render the HTML report of a run directory (partial runs too)")
+    rep.add_argument("run_dir")
+    rep.set_defaults(func=_report)
+    _add_compare(sub)
+    ls = sub.add_parser("list", help="scenarios, kernel families, backends and their availability")
+    ls.add_argument("--root", default="scenarios", help="where to look for scenario files")
+    ls.add_argument("--max-cases", type=int, default=config_max_cases(), metavar="N", help=argparse.SUPPRESS)
+    ls.set_defaults(func=_list)
+    e = sub.add_parser("env", help="CPU, GPUs, driver, CUDA, torch, NVML topology")
+    e.set_defaults(func=_env)
+    b = sub.add_parser("build", help="JIT-build the CUDA extension (GPU machine)")
+    b.add_argument("--verbose", action="store_true")
+    b.set_defaults(func=_build)
+    _add_nightly(sub)
     replay_cli.add_commands(sub)   # trace, replay (suite/replay_cli.py)
     return p
 

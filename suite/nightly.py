@@ -4,6 +4,7 @@ the same machine (`against`, kdbench.ab); write report.html + compare.html; `upd
 """
 from __future__ import annotations
 
+import datetime as _dt
 import shutil
 import sys
 from pathlib import Path
@@ -72,7 +73,7 @@ def run_nightly(out_dir: str | Path | None, baseline_root: str | Path = "reports
     from kdbench.runner import run_scenarios   # the runner imports torch; keep `kdbench --help` light
     paths = scenario_paths(scenario_dir)
     if against:
-        out = Path(out_dir or f"runs/nightly-ab-{_stamp()}")
+        out = Path(out_dir or f"runs/nightly-ab-{stamp()}")
         code = compare_against(ab.AbPlan(against, tuple(paths), out, rounds=rounds))
         failed = own_checks(out / "new")
         return max(code, 1 if failed else 0, _baseline_compare(out / "new", baseline_root, gate=False))
@@ -99,8 +100,7 @@ def compare_against(plan: ab.AbPlan, *, alpha: float = 0.002, min_effect: float 
     return result.exit_code
 
 
-def _stamp() -> str:
-    import datetime as _dt
+def stamp() -> str:
     return _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
 
 

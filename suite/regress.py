@@ -83,15 +83,18 @@ def _ambiguity(base: Record, new: Record, alpha: float) -> str:
     return ""
 
 
-def _level(rec: Record) -> float:
-    """The row's time level: the median of its samples, or for a row pooled from A/B rounds (kdbench.ab) the
-    lowest round's 20th percentile (preemption only adds time, so the low quantile is the cleanest estimate)."""
-    level = rec.extra.get("ab_level_s")
-    return float(level) if isinstance(level, (int, float)) and level > 0 else float(np.median(rec.samples_s))
+def _levels(base: Record, new: Record) -> tuple[float, float, str]:
+    """(base, new, what they are): the medians of the samples, or for two rows pooled from A/B rounds
+    (kdbench.ab) each side's lowest round 20th percentile (preemption only adds time, so the low quantile is
+    the cleanest estimate of the code's cost)."""
+    levels = [r.extra.get("ab_level_s") for r in (base, new)]
+    if all(isinstance(v, (int, float)) and v > 0 for v in levels):
+        return float(levels[0]), float(levels[1]), "; levels: lowest A/B round p20"
+    return float(np.median(base.samples_s)), float(np.median(new.samples_s)), ""
 
 
 def _timing_verdict(base: Record, new: Record, alpha: float, min_effect: float) -> dict[str, Any]:
-    b_med, n_med = _level(base), _level(new)
+    b_med, n_med, basis = _levels(base, new)
     change = n_med / b_med - 1.0 if b_med > 0 else math.nan
     _, p = mann_whitney_u(base.samples_s, new.samples_s)
     out = {"base_median_s": b_med, "new_median_s": n_med, "change_pct": 100 * change, "p_value": p}
@@ -101,14 +104,14 @@ def _timing_verdict(base: Record, new: Record, alpha: float, min_effect: float) 
     if p < alpha and abs(change) >= min_effect:
         gate = "" if gates(new.kind, new.backend) or change < 0 else f"; {new.backend} is context, does not gate"
         return {**out, "verdict": "slower" if change > 0 else "faster",
-                "note": f"p = {p:.2g} < {alpha:g} and |change| >= {min_effect:.0%}{gate}"}
+                "note": f"p = {p:.2g} < {alpha:g} and |change| >= {min_effect:.0%}{gate}{basis}"}
     if p < alpha:
         note = f"significant (p = {p:.2g}) but smaller than the {min_effect:.0%} minimum effect"
     elif abs(change) >= min_effect:
         note = f"median moved {100 * change:+.1f}% but p = {p:.2g} >= {alpha:g}"
     else:
         note = ""
-    return {**out, "verdict": "same", "note": note}
+    return {**out, "verdict": "same", "note": note + basis if note else basis.lstrip("; ")}
 
 
 gates = registry.gates   # our kernels and every engine row gate; baselines, peers and the reference are context

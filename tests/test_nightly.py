@@ -112,3 +112,16 @@ def test_change_point_view(tmp_path, medians, flagged, split):
     if split is not None:
         assert point.split == split and point.shift == pytest.approx(0.2, abs=0.02)
     assert drift.history_lines([point])[0].startswith("CHANGE" if flagged else "steady")
+
+
+def test_compare_help_shows_its_defaults(capsys):
+    with pytest.raises(SystemExit):
+        cli.main(["compare", "--help"])
+    out = capsys.readouterr().out
+    assert "(default: 0.002)" in out and "(default: 0.05)" in out and "(default: 2)" in out
+    assert "too few samples" in out and "ambiguous" in out
+
+
+def test_compare_with_one_run_is_a_usage_error(tmp_path, capsys):
+    assert cli.main(["compare", str(tmp_path)]) == 2
+    assert "expected BASE_RUN NEW_RUN" in capsys.readouterr().err
