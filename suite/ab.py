@@ -71,7 +71,7 @@ def base_tree(against: str, repo: Path = REPO_ROOT):
 def _git(repo: Path, *args: str, check: bool = False) -> str:
     proc = subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True)
     if check and proc.returncode:
-        raise UserError(f"git {' '.join(args[:2])}: {proc.stderr.strip().splitlines()[-1:]}")
+        raise UserError(f"git {' '.join(args[:2])}: {(proc.stderr.strip().splitlines() or ['failed'])[-1]}")
     return proc.stdout.strip() if proc.returncode == 0 else ""
 
 
@@ -80,8 +80,6 @@ def _build_extensions(tree: Path) -> None:
     would; the CUDA extension is JIT-built by the tree's own cuda_build, whose cache key hashes its sources."""
     proc = subprocess.run([sys.executable, "setup.py", "-q", "build_ext", "--inplace"], cwd=tree,
                           capture_output=True, text=True)
-    for built in (tree / "build").glob("lib*/kdbench/_*.so"):
-        shutil.copy2(built, tree / "suite" / built.name)
     if proc.returncode:
         print(f"ab: building the base tree's C++ extensions failed; rows needing them will error:\n"
               f"{proc.stderr[-800:]}", file=sys.stderr)
