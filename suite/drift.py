@@ -34,6 +34,9 @@ def aa_spread(run_dirs: list[Path]) -> dict[tuple, float]:
         raise UserError(f"--calibrate: got {len(run_dirs)} run(s), expected at least 2 runs of the same code")
     per_run = [_medians(Path(d)) for d in run_dirs]
     common = set(per_run[0]).intersection(*per_run[1:])
+    if not common:
+        raise UserError(f"--calibrate: no timed row is in every run ({', '.join(str(d) for d in run_dirs)}); "
+                        "expected runs of the same scenarios on one kind of device")
     return {k: max(m[k] for m in per_run) / min(m[k] for m in per_run) - 1.0 for k in common}
 
 

@@ -89,6 +89,9 @@ def test_spread_raises_the_row_minimum_effect(tmp_path):
     assert regress.compare(base, slower, row_min_effect=spread).exit_code == 1
     with pytest.raises(UserError, match="at least 2"):
         drift.aa_spread([base])
+    other = write_run(tmp_path / "other", [rec("another-case", s=samples(5))])
+    with pytest.raises(UserError, match="no timed row is in every run"):
+        drift.aa_spread([base, other])
 
 
 def test_headline_counts_gating_rows_apart_from_context(tmp_path):
