@@ -210,7 +210,7 @@ def _roofline_plot(recs: list[Record], family: str) -> dict | None:
     """Each row against the roof of the device it was timed on: host-timed rows (the numpy reference on a GPU
     run) are labelled '(CPU)' and draw the CPU roof beside the GPU's, never under it."""
     wheres = [tables.where_timed(r) for r in recs]
-    main = max(set(wheres), key=wheres.count) if wheres else ""
+    main = max(sorted(set(wheres)), key=lambda w: (wheres.count(w), w != "CPU")) if wheres else ""   # GPU on ties
     roofs: dict[str, dict] = {}
     points = []
     for r, where in zip(recs, wheres):
