@@ -34,7 +34,7 @@ def test_order_is_abba():
 
 
 def _rec(samples, status="pass", p20=math.nan, throttle=""):
-    return Record("s", "e2e", "c", "ar", "torch", samples_s=list(samples), n_samples=len(samples),
+    return Record("s", "e2e", "c", "", "torch", policy="ar", samples_s=list(samples), n_samples=len(samples),
                   time_median_s=sorted(samples)[len(samples) // 2], time_p20_s=p20, status=status,
                   throttle=throttle)
 
@@ -89,7 +89,7 @@ def test_aa_against_a_copy_of_this_tree_exits_0(ab_setup):
     code = cli.main(["compare", "--against", str(base), str(scenario), "--device", "cpu", "--out-dir", str(out)])
     assert code == 0
     rows = [json.loads(line) for line in (out / "new" / "records.jsonl").read_text().splitlines()]
-    assert {r["family"] for r in rows} == {"ar", "ddtree(B=8)"} and all(r["n_samples"] >= 16 for r in rows)
+    assert {r["policy"] for r in rows} == {"ar", "ddtree(B=8)"} and all(r["n_samples"] >= 16 for r in rows)
     assert (out / "compare.html").exists() and len(list((out / "rounds").iterdir())) == 4
 
 

@@ -16,9 +16,9 @@ SCENARIO = ("name: k\nkind: kernel\ncases:\n  - name: acc\n    family: tree_acce
 
 
 def e2e(policy="ddtree(B=64)", speedup=1.5, predicted=math.nan, lossless="yes", temperature=0.0):
-    return Record("e", "e2e", "c", policy, "cuda", "bfloat16", "NVIDIA H200", status="info",
+    return Record("e", "e2e", "c", "", "cuda", "bfloat16", "NVIDIA H200", policy=policy, status="info",
                   shape=json.dumps({"model": "m", "policy": "ddtree", "temperature": temperature}),
-                  speedup_vs_ar=speedup, predicted_speedup=predicted, lossless=lossless, extra={"policy": policy})
+                  speedup_vs_ar=speedup, predicted_speedup=predicted, lossless=lossless)
 
 
 def kernel(case, backend, timed_on, ceil, throttle="", clock=1980.0):
