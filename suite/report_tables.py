@@ -220,8 +220,9 @@ GEN_COLUMNS = [
     ("J / token", "energy_j_per_token", "num"), ("lossless", "lossless", "note"),
 ]
 
-GENERIC_COLUMNS = [
-    ("case", "case", "text"), ("backend", "backend", "text"), ("link", "link", "text"), ("shape", "shape", "text"),
+GENERIC_COLUMNS = [   # policy: replay rows; phase: topology rows (filled() drops a column no row has)
+    ("case", "case", "text"), ("policy", "policy", "text"), ("phase", "phase", "text"), ("backend", "backend", "text"),
+    ("link", "link", "text"), ("shape", "shape", "text"),
     ("status", "status", "text"), ("median", "time_median_s", "time"),
 ]
 

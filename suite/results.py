@@ -20,8 +20,8 @@ import pandas as pd
 
 from kdbench.errors import DamagedRun
 
-KEY_COLUMNS = ("scenario", "kind", "case", "family", "backend", "dtype", "device", "link", "policy")
-GENERATION_KINDS = ("acceptance", "e2e")   # rows keyed by a generation policy, not a kernel family
+KEY_COLUMNS = ("scenario", "kind", "case", "family", "backend", "dtype", "device", "link", "policy", "phase")
+POLICY_KINDS = ("acceptance", "e2e", "replay")   # rows keyed by a generation policy, not a kernel family
 STATUSES = ("pass", "fail", "error", "skipped", "info")
 
 
@@ -36,7 +36,8 @@ class Record:
     dtype: str = ""
     device: str = ""                 # GPU name or "cpu"
     link: str = ""                   # topology: nvlink | pcie | "" for one device
-    policy: str = ""                 # acceptance / e2e: the generation policy, e.g. "ddtree(B=64)" ("" for kernels)
+    policy: str = ""                 # acceptance / e2e / replay: the generation policy, e.g. "ddtree(B=64)"
+    phase: str = ""                  # topology: prefill | decode | verify | moe, or comm:<op>:<bytes> (a collective)
     shape: str = ""                  # the case's shape as compact JSON
     seed: int = 0
     # verdict
@@ -240,11 +241,14 @@ def _read_text(path: Path) -> str:
 
 
 def _upgrade(data: dict[str, Any]) -> dict[str, Any]:
-    """Records written before the policy column kept an acceptance / e2e row's policy in `family` (or the
-    kind there): move it, so old runs and baselines join new ones on the same keys."""
-    if data.get("kind") in GENERATION_KINDS and "policy" not in data:
-        family = data.get("family", "")
-        data = {**data, "policy": family if family != data["kind"] else "", "family": ""}
+    """Records written before the policy / phase columns kept an acceptance / e2e / replay row's policy, or a
+    topology row's phase, in `family` (acceptance / e2e: or the kind there): move it, so old runs and baselines
+    join new ones on the same keys. `family` is only ever a kernel family on those kinds, so a non-empty one
+    with an empty target column is an old record (replay and topology rows had a policy key already)."""
+    kind, family = data.get("kind"), data.get("family", "")
+    target = "policy" if kind in POLICY_KINDS else "phase" if kind == "topology" else ""
+    if target and family and not data.get(target):
+        data = {**data, target: family if family != kind else "", "family": ""}
     return data
 
 

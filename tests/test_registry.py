@@ -189,3 +189,21 @@ def test_old_generation_records_load_with_the_policy_column(tmp_path):
     e2e, kern = load_records(tmp_path)
     assert (e2e.family, e2e.policy) == ("", "ddtree(B=64)")
     assert (kern.family, kern.policy) == ("tree_build", "")
+
+
+def test_old_replay_and_topology_records_load_with_policy_and_phase(tmp_path):
+    """Replay rows kept the policy label, topology rows the phase, in `family` (those records already had an
+    empty policy column); both move, a kernel row's family stays."""
+    import json
+
+    from kdbench.results import load_records
+    blank = {"policy": "", "dtype": "float32"}
+    rows = [{"scenario": "r", "kind": "replay", "case": "c", "family": "ddtree(B=8)", "backend": "torch", **blank},
+            {"scenario": "t", "kind": "topology", "case": "c", "family": "comm:all_reduce:4096", "backend": "gloo",
+             **blank},
+            {"scenario": "t", "kind": "topology", "case": "c", "family": "verify", "backend": "torch", **blank},
+            {"scenario": "k", "kind": "kernel", "case": "c", "family": "kv_compact", "backend": "torch", **blank}]
+    (tmp_path / "records.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    got = [(r.family, r.policy, r.phase) for r in load_records(tmp_path)]
+    assert got == [("", "ddtree(B=8)", ""), ("", "", "comm:all_reduce:4096"), ("", "", "verify"),
+                   ("kv_compact", "", "")]

@@ -200,7 +200,7 @@ def test_clean_run_says_nothing_needs_attention(full_html, tmp_path):
 
 def test_generation_headlines():
     acc = [gen_rec("acceptance", p, b, t) for p in ("ddtree", "chain") for b, t in ((16, 3.0), (64, 4.1))]
-    for r in acc:      # the kinds name the policy in extra['policy'] and family
+    for r in acc:      # the kinds name the policy in extra['policy'] and the policy column
         r.extra["policy"] = r.policy = f"{json.loads(r.shape)['policy']}(B={json.loads(r.shape)['budget']})"
     rows = {h["policy"]: h for h in tables.acceptance_headline(acc)}
     assert set(rows) == {"ddtree", "chain"} and rows["ddtree"]["tau"] == (3.0, 4.1)

@@ -87,7 +87,7 @@ def run(case, ctx) -> Iterator[Record]:
                     branching=tuple(s.branching) if s.policy == "static_kary" else (),
                     row_cost=row_cost if s.policy == "adaptive" else 0.0)
     rec = ctx.record(case, "torch", dtype=trace.meta.get("model_dtype", ""))
-    rec.family = policy.label
+    rec.policy = policy.label
     try:
         res = rp.replay(trace, policy)
     except ValueError as exc:

@@ -32,7 +32,7 @@ def _busbw_plot(comm) -> dict | None:
 
 
 def _stacked_plot(phases) -> dict | None:
-    rows = [(f"{r.case} {r.family} [{r.link}, {r.extra.get('world')}x]",
+    rows = [(f"{r.case} {r.phase} [{r.link}, {r.extra.get('world')}x]",
              {"compute": r.extra["compute_s"], "communication": r.extra["comm_s"]})
             for r in phases if "comm_s" in r.extra]
     uri = plots.stacked_stages(rows)
@@ -45,7 +45,7 @@ def _calibration(phases) -> tuple[float, str] | None:
     """(efficiency, source) from a measured one-rank bf16 verify of a K2 slice on the GPU, if the run has one."""
     for r in phases:
         s = json.loads(r.shape)
-        if (r.family == "verify" and s["model"].startswith("kimi-k2-slice") and r.dtype == "bfloat16"
+        if (r.phase == "verify" and s["model"].startswith("kimi-k2-slice") and r.dtype == "bfloat16"
                 and r.extra.get("world") == 1 and r.time_median_s == r.time_median_s):
             eff = costmodel.calibrated_efficiency(r.time_median_s, get_preset(s["model"]), costmodel.H200,
                                                   s["batch"], s["budget"] + 1, s["prompt_len"] + 1)
@@ -80,10 +80,10 @@ def validation_table(phases) -> dict | None:
         s = json.loads(r.shape)
         if not s["model"].startswith("kimi-k2-slice") or r.dtype != "bfloat16" or "comm_s" not in r.extra:
             continue
-        cfg, T = get_preset(s["model"]), PHASE_T[r.family](s)
-        ctx = {"prefill": 0, "decode": s["prompt_len"], "verify": s["prompt_len"] + 1}[r.family]
+        cfg, T = get_preset(s["model"]), PHASE_T[r.phase](s)
+        ctx = {"prefill": 0, "decode": s["prompt_len"], "verify": s["prompt_len"] + 1}[r.phase]
         m = costmodel.step_s(cfg, costmodel.H200, costmodel.NVLINK_H200_8, r.extra["world"], s["batch"], T, ctx)
-        rows.append([f"{r.case} {r.family}", f"{r.time_median_s * 1e3:.2f} ms", f"{m['total_s'] * 1e3:.2f} ms",
+        rows.append([f"{r.case} {r.phase}", f"{r.time_median_s * 1e3:.2f} ms", f"{m['total_s'] * 1e3:.2f} ms",
                      f"{r.time_median_s / m['total_s']:.2f}"])
     return rows and {"title": "cost model check: measured vs modeled (same shape, H200 inputs)",
                      "headers": ["phase", "measured", "modeled", "measured / modeled"], "rows": rows,
@@ -92,8 +92,8 @@ def validation_table(phases) -> dict | None:
 
 
 def topology_section(recs) -> dict:
-    comm = [r for r in recs if r.family.startswith("comm")]
-    phases = [r for r in recs if not r.family.startswith("comm")]
+    comm = [r for r in recs if r.phase.startswith("comm")]
+    phases = [r for r in recs if not r.phase.startswith("comm")]
     rows = [tables.row(r) for r in phases]
     plot_list = [p for p in (_busbw_plot(comm), _stacked_plot(phases)) if p]
     extra_tables = [t for t in (validation_table(phases), modeled_table(phases)) if t]

@@ -51,7 +51,7 @@ def phase_rows(case, ctx, backend: str, ranks: list[dict], common: dict) -> list
                          max_abs=chk.get("max_abs", math.nan), rel_l2=chk.get("rel_l2", math.nan),
                          n_nan=chk.get("n_nan", 0),
                          extra=dict(common, bit_equal=chk.get("bit_equal"), host_syncs=ph.get("host_syncs", "")))
-        rec.family = phase
+        rec.phase = phase
         if "step_s" in ph:
             steps = [max(s) for s in zip(*(r["phases"][phase]["step_s"] for r in ranks))]
             t = timing.summarize(steps)
@@ -70,7 +70,7 @@ def _breakeven(recs: list[Record]) -> None:
     """On the verify row: t_verify / t_decode = the tau (tokens per verify, bonus included) at which tree
     speculation breaks even on this link, drafter cost aside; a lower value on a slower link means speculation
     gains more there. Also the communication share of both steps."""
-    by = {r.family: r for r in recs}
+    by = {r.phase: r for r in recs}
     ver, dec = by.get("verify"), by.get("decode")
     if ver is None or dec is None or math.isnan(ver.time_median_s) or math.isnan(dec.time_median_s):
         return
@@ -90,6 +90,6 @@ def comm_rows(case, ctx, rank0: dict, common: dict) -> list[Record]:
                          samples_s=b["samples_s"], n_samples=len(b["samples_s"]),
                          extra=dict(common, op=b["op"], source=b["source"], world=b["world"],
                                     algbw_GBps=b["algbw_Bps"] / 1e9, busbw_GBps=b["busbw_Bps"] / 1e9))
-        rec.family = f"{prefix}:{b['op']}:{b['bytes']}"
+        rec.phase = f"{prefix}:{b['op']}:{b['bytes']}"
         out.append(rec)
     return out
