@@ -8,6 +8,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import numpy as np
+
 from kdbench.model.drafter import DrafterConfig, drafter_shapes
 from kdbench.references.model_config import ModelConfig
 
@@ -155,7 +157,6 @@ ACCEPT_S, COMPACT_S = 0.12e-3, 0.006e-3   # cuda accept / compact, batch 8, B = 
 def build_time(batch: int, budget: int, vocab: int, depth: int = 15) -> float:
     """t = a + b * (batch * L * V) + c * (batch * budget): the vocabulary pass and the heap, least squares
     over BUILD_MEASURED (4 points, 3 unknowns; the fit's residuals are in plans/0008)."""
-    import numpy as np
     A = np.array([[1.0, b * depth * v, b * n] for b, n, v, _ in BUILD_MEASURED])
     y = np.array([t for *_, t in BUILD_MEASURED])
     a, bv, c = np.linalg.lstsq(A, y, rcond=None)[0]

@@ -18,6 +18,7 @@ from pathlib import Path
 from kdbench import config, estimate, rundir
 from kdbench.errors import UserError, clip
 from kdbench.interrupts import CaseTimeout, Interrupted, finishing, time_limit
+from kdbench.kinds import run_case   # light: kinds/__init__ imports a kind's module only when a case runs
 from kdbench.results import Record, RunWriter
 
 EXIT_OK, EXIT_FAIL, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
@@ -141,7 +142,6 @@ def refuse_unfit(scenarios: list[config.Scenario], cases: list[config.Case], dev
 
 
 def _run_cases(cases: list[config.Case], ctx: RunContext, writer: RunWriter, progress: bool) -> None:
-    from kdbench.kinds import run_case
     t0 = time.perf_counter()
     for i, case in enumerate(cases, 1):
         if progress:

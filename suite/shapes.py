@@ -92,7 +92,6 @@ Policy = Literal["ar", "chain", "ddtree", "ddtree_width_capped", "static_kary"]
 
 def _preset(name: str):
     """(config, None) for a preset that exists and is at most the full model's depth, else (None, error)."""
-    from kdbench.references.model_config import get_preset, preset_names
     try:
         cfg = get_preset(name)
     except KeyError:
@@ -238,7 +237,6 @@ class ReplayShape:
     check_live: bool = False         # also run generate() live and require equal tau round by round
 
     def validate(self):
-        from kdbench.references.model_config import get_preset
         cfgs = {}
         for key in ("model", "cost_model"):
             try:
