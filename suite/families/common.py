@@ -15,6 +15,17 @@ TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float64":
 ELEMENT_BYTES = {"float32": 4, "bfloat16": 2, "float64": 8}
 
 
+def every_backend(backend: str, case) -> str | None:
+    """KernelFamily.unsupported for a family whose every registered backend runs every case."""
+    return None
+
+
+def case_reference(backend: str, inputs: dict, case) -> dict | None:
+    """KernelFamily.reference_for for a family whose backends all do the case's whole work (None: the case's
+    reference)."""
+    return None
+
+
 def run_dtype(dtype: str) -> str:
     """The dtype the torch / CUDA backends run a case in: float64 cases run in float32 on the device (the
     numpy reference is the float64 side), so inputs are drawn in float32 and bytes counted at 4 per element."""
