@@ -27,6 +27,22 @@ L2_FALLBACK_BYTES = 64 << 20        # used only when torch does not report the L
 LAUNCH_SHIELD_CYCLES = 200_000
 
 
+def stamp(cuda: bool):
+    """A time point in the current stream's order: a recorded CUDA event on the GPU, perf_counter_ns on the CPU.
+    The one place the engine's stage timer and the sharded run's phase / layer / collective timers take one."""
+    if not cuda:
+        return time.perf_counter_ns()
+    import torch   # noqa: PLC0415  (timing stays importable without torch, as the functions below)
+    ev = torch.cuda.Event(enable_timing=True)
+    ev.record()
+    return ev
+
+
+def between_s(a, b) -> float:
+    """Seconds from stamp a to stamp b (CUDA events: only after b has completed, e.g. a synchronize)."""
+    return (b - a) * 1e-9 if isinstance(a, int) else a.elapsed_time(b) * 1e-3
+
+
 @dataclass(frozen=True)
 class TimingResult:
     samples_s: list[float]          # one per timed call, seconds, in measurement order

@@ -105,3 +105,11 @@ def test_cuda_timing_without_shield_keeps_host_gaps():
 
     res = timing.measure(gap_between_launches, warmup=2, repeat=20, device="cuda", flush_l2=False, shield=False)
     assert res.median_s > 25e-6, f"median {res.median_s * 1e6:.1f} us: the host gap must be timed"
+
+
+def test_cpu_stamps_measure_seconds():
+    """stamp / between_s (the engine's stage timer and the sharded timers): seconds, not ns or ms."""
+    a = timing.stamp(False)
+    time.sleep(0.02)
+    b = timing.stamp(False)
+    assert 0.02 <= timing.between_s(a, b) < 1.0

@@ -7,6 +7,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from kdbench.timing import stamp
+
 STAGES = ("draft", "build", "verify", "accept", "compact", "commit")
 
 
@@ -57,19 +59,12 @@ class StageTimer:
         self.names: list[str] = []
         self.points: list = []
 
-    def _now(self):
-        if self.cuda:
-            ev = torch.cuda.Event(enable_timing=True)
-            ev.record()
-            return ev
-        return time.perf_counter_ns()
-
     def mark(self, name: str) -> None:
         self.names.append(name)
-        self.points.append(self._now())
+        self.points.append(stamp(self.cuda))
 
     def finish(self) -> dict[str, int]:
-        self.points.append(self._now())
+        self.points.append(stamp(self.cuda))
         if self.cuda:
             self.points[-1].synchronize()
             ns = [int(a.elapsed_time(b) * 1e6) for a, b in zip(self.points, self.points[1:])]  # ms -> ns

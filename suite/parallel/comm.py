@@ -2,12 +2,13 @@
 (CUDA events on a GPU, read after the step; perf_counter on the CPU), with its layer, name and bytes."""
 from __future__ import annotations
 
-import time
 import warnings
 from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
+
+from kdbench.timing import between_s, stamp
 
 # torch >= 2.13 renames the *_into_tensor / *_tensor collectives (*_single) and warns on the old names; the
 # GPU machine's torch 2.11 has only the old ones, so use them and silence the rename notice
@@ -34,19 +35,10 @@ class Comm:
     events: list[CommEvent] = field(default_factory=list)
 
     def _begin(self, op: str, nbytes: int) -> CommEvent:
-        if self.device.type == "cuda":
-            start = torch.cuda.Event(enable_timing=True)
-            start.record()
-        else:
-            start = time.perf_counter_ns()
-        return CommEvent(self.layer, op, nbytes, start)
+        return CommEvent(self.layer, op, nbytes, stamp(self.device.type == "cuda"))
 
     def _end(self, ev: CommEvent) -> None:
-        if self.device.type == "cuda":
-            ev.end = torch.cuda.Event(enable_timing=True)
-            ev.end.record()
-        else:
-            ev.end = time.perf_counter_ns()
+        ev.end = stamp(self.device.type == "cuda")
         self.events.append(ev)
 
     def _timed(self, op: str, nbytes: int, fn) -> None:
@@ -88,5 +80,4 @@ class Comm:
         """(layer, op, bytes, seconds) of every timed collective; synchronizes a GPU once."""
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
-            return [(e.layer, e.op, e.nbytes, e.start.elapsed_time(e.end) * 1e-3) for e in self.events]
-        return [(e.layer, e.op, e.nbytes, (e.end - e.start) * 1e-9) for e in self.events]
+        return [(e.layer, e.op, e.nbytes, between_s(e.start, e.end)) for e in self.events]

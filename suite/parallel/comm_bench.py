@@ -6,10 +6,11 @@ all-reduce and (n-1)/n for all-gather, reduce-scatter and all-to-all (0 at one r
 from __future__ import annotations
 
 import statistics
-import time
 
 import torch
 import torch.distributed as dist
+
+from kdbench.timing import between_s, stamp
 
 from .comm import Comm
 from .messages import bus_factor
@@ -55,17 +56,13 @@ def time_op(op: str, comm: Comm, nbytes: int, dtype=torch.bfloat16) -> dict:
     samples = []
     for i in range(warm + rep):
         dist.barrier()
-        if comm.device.type == "cuda":
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            fn()
-            b.record()
+        cuda = comm.device.type == "cuda"
+        a = stamp(cuda)
+        fn()
+        b = stamp(cuda)
+        if cuda:
             b.synchronize()
-            s = a.elapsed_time(b) * 1e-3
-        else:
-            t0 = time.perf_counter_ns()
-            fn()
-            s = (time.perf_counter_ns() - t0) * 1e-9
+        s = between_s(a, b)
         if i >= warm:
             samples.append(s)
     t = statistics.median(samples)

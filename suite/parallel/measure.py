@@ -4,11 +4,12 @@ the timed collectives, compute the rest of the layer (GPU: CUDA events; CPU: per
 from __future__ import annotations
 
 import hashlib
-import time
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
+
+from kdbench.timing import between_s, stamp
 
 from .comm import Comm
 from .job import Inputs, Job
@@ -44,18 +45,6 @@ def phase_args(phase: str, x: Inputs, job: Job, device) -> PhaseArgs:
     raise ValueError(f"unknown phase {phase!r}")
 
 
-def _now(device):
-    if device.type == "cuda":
-        ev = torch.cuda.Event(enable_timing=True)
-        ev.record()
-        return ev
-    return time.perf_counter_ns()
-
-
-def _secs(a, b, device) -> float:
-    return a.elapsed_time(b) * 1e-3 if device.type == "cuda" else (b - a) * 1e-9
-
-
 def time_phase(model, comm: Comm, args: PhaseArgs, cache, job: Job) -> dict:
     """warmup + repeat forwards (identical inputs: the cache rows are rewritten with the same values).
     Returns per-repeat step and layer seconds, the collectives sent ([layer, op, bytes] in order) with their
@@ -66,18 +55,18 @@ def time_phase(model, comm: Comm, args: PhaseArgs, cache, job: Job) -> dict:
         timed = i >= job.warmup
         comm.timing, comm.events, model.layer_marks = timed, [], []
         dist.barrier()
-        t0 = _now(dev)
+        t0 = stamp(dev.type == "cuda")
         logits = model.forward(*args.positional(cache), **args.kw).logits
-        t1 = _now(dev)
+        t1 = stamp(dev.type == "cuda")
         if not timed:
             continue
         events = comm.seconds()                               # synchronizes the GPU once
-        steps.append(_secs(t0, t1, dev))
+        steps.append(between_s(t0, t1))
         calls = [[layer, op, nbytes] for layer, op, nbytes, _ in events]     # the same sequence every run
         call_s.append([s for *_, s in events])
         marks = {(lay, what): ev for lay, what, ev in model.layer_marks}
         for lay in range(model.cfg.n_layers):
-            layer_s.setdefault(lay, []).append(_secs(marks[(lay, "start")], marks[(lay, "end")], dev))
+            layer_s.setdefault(lay, []).append(between_s(marks[(lay, "start")], marks[(lay, "end")]))
     comm.timing = False
     return {"step_s": steps, "layer_s": {str(k): v for k, v in layer_s.items()},
             "calls": calls, "call_s": [list(c) for c in zip(*call_s)],   # [call][repeat] seconds

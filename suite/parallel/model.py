@@ -4,7 +4,6 @@ verify), same outputs on every rank; the collectives per layer are listed in pla
 """
 from __future__ import annotations
 
-import time
 
 import torch
 
@@ -12,6 +11,7 @@ from kdbench.model.moe import moe_forward, swiglu
 from kdbench.model.transformer import Transformer
 from kdbench.model.weights import check_weights
 from kdbench.references.model_config import ModelConfig
+from kdbench.timing import stamp
 
 from .comm import Comm
 from .ep_moe import ep_moe_forward
@@ -81,9 +81,4 @@ class ShardedTransformer(Transformer):
         """Layer boundaries for the compute/communication split (events on a GPU, ns on the CPU)."""
         if not self.comm.timing:
             return
-        if self.device.type == "cuda":
-            ev = torch.cuda.Event(enable_timing=True)
-            ev.record()
-        else:
-            ev = time.perf_counter_ns()
-        self.layer_marks.append((layer, what, ev))
+        self.layer_marks.append((layer, what, stamp(self.device.type == "cuda")))
