@@ -194,6 +194,11 @@ def _expand(spec: ScenarioSpec, cs: CaseSpec, index: int, file: str) -> list[Cas
         if backend not in valid:
             raise ScenarioError(file, f"{path}.backends[{i}]",
                                 f"got {backend!r}, expected one of {', '.join(valid)}")
+    if spec.kind == "topology" and (cs.tolerance.rtol > 0 or cs.tolerance.max_outside_pct > 0):
+        # parallel/rows._verdict judges the sharded logits by rel_l2 and max_abs only: an rtol would pass unseen
+        raise ScenarioError(file, f"{path}.tolerance", "topology judges the logits by rel_l2 and atol only; got "
+                            f"rtol {cs.tolerance.rtol}, max_outside_pct {cs.tolerance.max_outside_pct}, expected "
+                            "rel_l2 and / or atol (or all 0: bit-equal)")
     for key in cs.sweep:
         if not (key == "dtype" or key.startswith("shape.")):
             raise ScenarioError(file, f"{path}.sweep.{key}",

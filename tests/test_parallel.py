@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from kdbench import runner
+from kdbench import config, runner
+from kdbench.errors import ScenarioError
 from kdbench.parallel import comm_bench, link, messages
 from kdbench.parallel.job import Job, make_inputs
 from kdbench.parallel.launch import launch
@@ -216,9 +217,17 @@ def test_one_gpu_nccl_rank_equals_one_process(tmp_path):
     ("{model: tiny, comm_max_bytes: 100}", "comm_max_bytes"), ("{model: tiny, gpus: 0}", "gpus"),
 ])
 def test_bad_topology_shapes_are_one_line_user_errors(tmp_path, shape, key):
-    from kdbench import config
-    from kdbench.errors import ScenarioError
     path = tmp_path / "bad.yaml"
     path.write_text(f"name: bad\nkind: topology\ncases:\n  - name: c\n    shape: {shape}\n")
     with pytest.raises(ScenarioError, match=rf"cases\[0\]\.shape\.{key}"):
+        config.load(path)
+
+
+@pytest.mark.parametrize("tol", ["{rtol: 1.0e-3}", "{rel_l2: 1.0e-6, max_outside_pct: 5}"])
+def test_a_tolerance_topology_would_not_apply_is_refused(tmp_path, tol):
+    """rows._verdict applies rel_l2 and atol only: an rtol-only tolerance would pass any output."""
+    path = tmp_path / "t.yaml"
+    path.write_text(f"name: t\nkind: topology\ncases:\n  - name: c\n    backends: [torch]\n"
+                    f"    shape: {{model: tiny, gpus: 2}}\n    tolerance: {tol}\n")
+    with pytest.raises(ScenarioError, match="cases\\[0\\].tolerance.*rel_l2 and atol only"):
         config.load(path)
