@@ -5,7 +5,7 @@ Each `validate()` returns None or (key, message); schema.build turns that into a
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Literal
 
 from kdbench.references.model_config import get_preset, preset_names
@@ -267,7 +267,3 @@ FAMILY_SHAPES = {
 }
 KIND_SHAPES = {"acceptance": GenerationShape, "e2e": GenerationShape, "topology": TopologyShape,
                "replay": ReplayShape}
-
-
-def shape_keys(cls) -> list[str]:
-    return [f.name for f in fields(cls)]
