@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -104,7 +103,7 @@ def _record_batch(model, prompts, rounds: int, k: int, drafter, backend: str):
     lps, toks, ones = [], [], torch.ones(len(prompts), dtype=torch.int32, device=model.device)
     for j in range(G - 1):
         lens = st.cache.lengths
-        kv_limit = min(run.max_len, eng.KV_BUCKET * math.ceil((int(lens.max()) + run.rows) / eng.KV_BUCKET))
+        kv_limit = eng.bucketed_kv_limit(run, int(lens.max()) + run.rows)
         if j < rounds:
             lp, tok = topk_logprobs(drafter.draft(st.bonus, lens, kv_limit), k)
             lps.append(lp.cpu().numpy())

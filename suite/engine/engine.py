@@ -78,7 +78,7 @@ def generate(model: Transformer, drafter, prompts: list[list[int]], max_new_toke
         done, lengths = state.done.tolist(), state.cache.lengths.tolist()  # the between-steps host read
         if all(done):
             break
-        kv_limit = min(plan.max_len, KV_BUCKET * math.ceil((max(lengths) + plan.rows) / KV_BUCKET))
+        kv_limit = bucketed_kv_limit(plan, max(lengths) + plan.rows)
         timer = StageTimer(model.device)
         tau, size = step(plan, state, timer, kv_limit)
         stage_ns = timer.finish()
@@ -88,6 +88,12 @@ def generate(model: Transformer, drafter, prompts: list[list[int]], max_new_toke
     result.tokens = state.tokens()
     result.state = state if keep_state else None
     return result
+
+
+def bucketed_kv_limit(plan: Plan, reach: int) -> int:
+    """The keys a step's attention scans when its furthest row sits at cache position `reach` - 1: rounded
+    up to KV_BUCKET rows (fewer distinct shapes), at most the whole cache."""
+    return min(plan.max_len, KV_BUCKET * math.ceil(reach / KV_BUCKET))
 
 
 def target_from_preset(name: str, seed: int, device="cpu", dtype=torch.bfloat16, reference_init: bool = False,

@@ -4,7 +4,6 @@ eager vs graph and the verify forward's share of it. Design and limits: plans/00
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import torch
@@ -171,7 +170,7 @@ def _kv_limit(run, st: EngineState, kv_limit, steps) -> int:
     if kv_limit is None:
         if steps is None:
             return run.max_len
-        return min(run.max_len, engine.KV_BUCKET * math.ceil(reach(WARMUP_STEPS + steps - 1) / engine.KV_BUCKET))
+        return engine.bucketed_kv_limit(run, reach(WARMUP_STEPS + steps - 1))
     need = reach(WARMUP_STEPS - 1)
     if not isinstance(kv_limit, int) or not need <= kv_limit <= run.max_len:
         raise ValueError(f"kv_limit must be an int in [{need}, {run.max_len}] (the warm-up's reach, the cache "
