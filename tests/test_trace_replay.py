@@ -10,11 +10,13 @@ import numpy as np
 import pytest
 import torch
 
+from kdbench import config
 from kdbench import replay as rp
 from kdbench import trace as tr
 from kdbench.backends.adaptive import best_size
 from kdbench.engine.engine import generate
 from kdbench.engine.stages import Policy
+from kdbench.errors import ScenarioError
 from kdbench.model.drafter import BlockDrafter
 from kdbench.model.keyed import KeyedSyntheticDrafter
 from kdbench.model.presets import get_preset
@@ -198,4 +200,12 @@ def test_replay_shape_rejects_bad_input(tmp_path, shape, message):
     path = tmp_path / "bad.yaml"
     path.write_text(f"name: bad\nkind: replay\ncases:\n  - name: c\n    shape: {shape}\n")
     with pytest.raises(ScenarioError, match=message):
+        config.load(path)
+
+
+def test_a_replay_case_naming_cuda_is_refused(tmp_path):
+    """Replay runs the policy on the host and its live check on torch: a cuda backend would be recorded as torch."""
+    path = tmp_path / "r.yaml"
+    path.write_text("name: r\nkind: replay\ncases:\n  - name: c\n    backends: [cuda]\n    shape: {}\n")
+    with pytest.raises(ScenarioError, match=r"cases\[0\]\.backends\[0\].*expected one of torch$"):
         config.load(path)

@@ -66,6 +66,7 @@ def _flashinfer() -> str | None:
 
 
 _GEN = ("kernel", *GENERATION_KINDS)
+_CUDA_KINDS = tuple(k for k in _GEN if k != "replay")   # replay is torch only: its live check runs generate() on torch
 _MLA = ("tree_verify_mla",)
 _B = "kdbench.backends."
 _VERIFY = "tree_verify_mla"
@@ -79,7 +80,7 @@ ENTRIES = (
             ops=((_VERIFY, _B + "mla_baselines:prepare_twopass"),)),
     Backend("cpu_heap", "baseline", ("tree_build",), ("kernel",), "any", _B + "cpu_heap",
             "torch top-K + C++ host heap", _cpu_heap),
-    Backend("cuda", "ours", FAMILIES, _GEN, "cuda", _B + "cuda_ext", "kdbench CUDA kernels", _cuda_extension,
+    Backend("cuda", "ours", FAMILIES, _CUDA_KINDS, "cuda", _B + "cuda_ext", "kdbench CUDA kernels", _cuda_extension,
             ops=((_VERIFY, _B + "cuda_ext:prepare_tree_verify_mla"),)),
     Backend("cuda_mma", "ours", _MLA, ("kernel",), "cuda", "", "kdbench kernel, mma.sync path",
             _cuda_extension, ops=((_VERIFY, _B + "cuda_ext:prepare_tree_verify_mla_mma"),)),
