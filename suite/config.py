@@ -194,6 +194,10 @@ def _expand(spec: ScenarioSpec, cs: CaseSpec, index: int, file: str) -> list[Cas
         if backend not in valid:
             raise ScenarioError(file, f"{path}.backends[{i}]",
                                 f"got {backend!r}, expected one of {', '.join(valid)}")
+    if spec.kind == "topology" and len(cs.backends) != 1:
+        # one sharded job per case, its attention from the one backend (kinds/topology._job)
+        raise ScenarioError(file, f"{path}.backends", f"got {list(cs.backends)}, expected one backend (torch or "
+                            "cuda): a topology case is one sharded job; write a case per backend")
     if spec.kind == "topology" and (cs.tolerance.rtol > 0 or cs.tolerance.max_outside_pct > 0):
         # parallel/rows._verdict judges the sharded logits by rel_l2 and max_abs only: an rtol would pass unseen
         raise ScenarioError(file, f"{path}.tolerance", "topology judges the logits by rel_l2 and atol only; got "

@@ -231,3 +231,12 @@ def test_a_tolerance_topology_would_not_apply_is_refused(tmp_path, tol):
                     f"    shape: {{model: tiny, gpus: 2}}\n    tolerance: {tol}\n")
     with pytest.raises(ScenarioError, match="cases\\[0\\].tolerance.*rel_l2 and atol only"):
         config.load(path)
+
+
+def test_a_topology_case_names_one_backend(tmp_path):
+    """One sharded job per case: [torch, cuda] ran once with cuda attention and recorded backend 'torch,cuda'."""
+    path = tmp_path / "t.yaml"
+    path.write_text("name: t\nkind: topology\ncases:\n  - name: c\n    backends: [torch, cuda]\n"
+                    "    shape: {model: tiny, gpus: 2}\n")
+    with pytest.raises(ScenarioError, match=r"cases\[0\]\.backends: got \['torch', 'cuda'\], expected one backend"):
+        config.load(path)

@@ -31,7 +31,7 @@ def run(case, ctx) -> Iterator[Record]:
     pairs = topology.gpu_pairs()
     common = {"link": s.link, "gpus": s.gpus, "parallel": s.parallel, "pairs": list(pairs),
               "topology_matrix": topology.matrix_text(pairs)}
-    backend = ",".join(case.backends)
+    backend = case.backends[0]          # config: exactly one per topology case
     why = _unavailable(case, ctx, pairs)
     if why:
         yield ctx.record(case, backend, link=s.link, status="skipped", reason=why, extra=common)
