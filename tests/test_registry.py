@@ -10,10 +10,11 @@ import types
 
 import pytest
 
-from kdbench import config, families, timing
+from kdbench import config, families, kinds, shapes, timing
 from kdbench.backends import registry, torch_ops
 from kdbench.families import KernelFamily
 from kdbench.regress import gates
+from kdbench.results import POLICY_KINDS
 
 OPS = {"tree_build": ("tree_build",), "tree_accept": ("tree_accept_greedy", "tree_accept_sampled"),
        "kv_compact": ("kv_compact",), "tree_verify_mla": ("tree_verify_mla",)}
@@ -207,3 +208,11 @@ def test_old_replay_and_topology_records_load_with_policy_and_phase(tmp_path):
     got = [(r.family, r.policy, r.phase) for r in load_records(tmp_path)]
     assert got == [("", "ddtree(B=8)", ""), ("", "", "comm:all_reduce:4096"), ("", "", "verify"),
                    ("kv_compact", "", "")]
+
+
+def test_every_scenario_kind_is_in_the_registry_and_has_a_shape():
+    """A kind added to kinds.KINDS without a registry entry would accept no backend (or every one)."""
+    assert set(kinds.KINDS) == {"kernel", *registry.GENERATION_KINDS}
+    assert set(shapes.KIND_SHAPES) == set(registry.GENERATION_KINDS)
+    assert all(registry.for_kind(k) for k in kinds.KINDS)
+    assert set(POLICY_KINDS) < set(kinds.KINDS)
