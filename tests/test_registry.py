@@ -50,6 +50,8 @@ def test_roles_and_gating():
     assert gates("kernel", "cuda") and gates("e2e", "torch") and gates("acceptance", "cuda")
     assert not gates("kernel", "torch") and not gates("kernel", "flashinfer_cascade")
     assert not gates("kernel", "numpy_ref") and not gates("kernel", "an_old_backend")
+    assert gates("topology", "torch") and gates("topology", "cuda") and gates("replay", "torch")
+    assert not gates("topology", "nccl") and not gates("topology", "gloo")   # collective microbenchmarks
     assert registry.for_kind("e2e") == ("torch", "cuda")
     assert "flashinfer_cascade" in registry.for_family("tree_verify_mla")
     assert "flashinfer_cascade" not in registry.for_family("tree_build")

@@ -132,8 +132,10 @@ def available(name: str, device: str) -> tuple[bool, str]:
 
 def gates(kind: str, backend: str) -> bool:
     """Whether a slower timing of this row fails a compare: our kernels (role ours) in kernel scenarios and
-    every engine row (acceptance, e2e). Baselines and peers are context: host-bound baselines move with the
-    machine's CPU (an H200 A/A nightly pair moved them by up to 1.8x), and a peer's speed is not our change."""
+    every engine row of a registered backend (acceptance, e2e, topology phases, replay). Baselines and peers
+    are context: host-bound baselines move with the machine's CPU (an H200 A/A nightly pair moved them by up
+    to 1.8x), and a peer's speed is not our change. So are rows of a backend the registry does not know: the
+    topology kind's collective microbenchmarks (backend nccl / gloo) time the link and the library, not us."""
     if backend == "numpy_ref":
         return False
-    return kind != "kernel" or role(backend) == "ours"
+    return role(backend) == "ours" if kind == "kernel" else backend in BACKENDS
