@@ -3,11 +3,13 @@ and the labelled 8-GPU comparison."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 
 from kdbench.parallel import costmodel as cm
-from kdbench.parallel import messages
+from kdbench.parallel import messages, report_section
 from kdbench.references.model_config import get_preset
+from kdbench.results import Record
 
 K2 = get_preset("kimi-k2")
 
@@ -77,3 +79,17 @@ def test_calibrated_efficiency_reproduces_the_measurement():
     assert math.isclose(cm.step_s(cfg, gpu, cm.NVLINK_H200_8, 1, 8, 65, 129, bf16)["total_s"], 12.1e-3, rel_tol=1e-9)
     slow = cm.compare_8gpu(efficiency=eff / 2)
     assert slow[0]["ar"]["compute_s"] > cm.compare_8gpu(efficiency=eff)[0]["ar"]["compute_s"]
+
+
+def test_validation_table_models_the_measured_runs_bf16_experts():
+    """The report's measured-vs-modeled check must model what was measured (bf16 random experts, as the
+    calibration does), not K2's INT4 experts: a run that equals the bf16 model reads 1.00."""
+    cfg = get_preset("kimi-k2-slice-2")
+    shape = {"model": "kimi-k2-slice-2", "batch": 4, "budget": 31, "prompt_len": 100}
+    want = cm.step_s(cfg, cm.H200, cm.NVLINK_H200_8, 1, 4, 32, 101, cm.MEASURED_WEIGHTS)["total_s"]
+    rec = Record("t", "topology", "c", "", "torch", dtype="bfloat16", phase="verify", shape=json.dumps(shape),
+                 time_median_s=want, extra={"world": 1, "comm_s": 0.0})
+    table = report_section.validation_table([rec])
+    assert table["rows"][0][-1] == "1.00"
+    int4 = cm.step_s(cfg, cm.H200, cm.NVLINK_H200_8, 1, 4, 32, 101)["total_s"]
+    assert int4 < want        # the INT4 model would have read > 1 for the same run

@@ -40,6 +40,9 @@ class Weights:
     other: float = 2.0
 
 
+MEASURED_WEIGHTS = Weights(expert=2.0)   # kdbench's own sharded runs: random bf16 experts, not INT4
+
+
 H200 = Gpu("H200", hbm_Bps=4.25e12, flops=790e12, efficiency=0.5)
 RTX_PRO_6000 = Gpu("RTX PRO 6000 Blackwell", hbm_Bps=1.6e12, flops=450e12, efficiency=0.5)
 NVLINK_H200_8 = Link("8x H200 NVLink4 + NVSwitch", alpha_s=15e-6, busbw_Bps=360e9)
@@ -139,7 +142,7 @@ def memory_ok(cfg: ModelConfig, n: int, gpu_bytes: float, w: Weights = Weights()
 
 
 def calibrated_efficiency(measured_s: float, cfg: ModelConfig, gpu: Gpu, batch: int, T: int, ctx: int,
-                          w: Weights = Weights(expert=2.0)) -> float:
+                          w: Weights = MEASURED_WEIGHTS) -> float:
     """The efficiency that makes the one-rank model equal a measured forward of the same shape (floor / measured);
     kdbench's measured runs hold bf16 experts (random weights), hence the default."""
     floor = step_s(cfg, dataclasses.replace(gpu, efficiency=1.0), NVLINK_H200_8, 1, batch, T, ctx, w)["total_s"]

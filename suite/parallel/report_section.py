@@ -82,12 +82,14 @@ def validation_table(phases) -> dict | None:
             continue
         cfg, T = get_preset(s["model"]), PHASE_T[r.phase](s)
         ctx = {"prefill": 0, "decode": s["prompt_len"], "verify": s["prompt_len"] + 1}[r.phase]
-        m = costmodel.step_s(cfg, costmodel.H200, costmodel.NVLINK_H200_8, r.extra["world"], s["batch"], T, ctx)
+        m = costmodel.step_s(cfg, costmodel.H200, costmodel.NVLINK_H200_8, r.extra["world"], s["batch"], T, ctx,
+                             costmodel.MEASURED_WEIGHTS)   # the measured run's bf16 experts, as the calibration
         rows.append([f"{r.case} {r.phase}", f"{r.time_median_s * 1e3:.2f} ms", f"{m['total_s'] * 1e3:.2f} ms",
                      f"{r.time_median_s / m['total_s']:.2f}"])
     return rows and {"title": "cost model check: measured vs modeled (same shape, H200 inputs)",
                      "headers": ["phase", "measured", "modeled", "measured / modeled"], "rows": rows,
-                     "caption": "modeled = costmodel.step_s with the H200 inputs (efficiency 0.5 of the floor); a "
+                     "caption": "modeled = costmodel.step_s with the H200 inputs (efficiency 0.5 of the floor) and the "
+                                "run's bf16 expert weights; a "
                                 "ratio far from 1 says the efficiency input is off for this kernel set"}
 
 
