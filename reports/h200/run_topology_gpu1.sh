@@ -25,15 +25,17 @@ rows = [json.loads(l) for l in Path(sys.argv[1], "records.jsonl").read_text().sp
 nan = float("nan")
 num = lambda v: nan if v is None else v   # noqa: E731 - NaN is stored as null
 for r in rows:
-    if r["family"].startswith("comm"):
+    r["phase"] = r.get("phase") or r["family"]   # the phase moved out of `family` (records before 2026-12-01)
+for r in rows:
+    if r["phase"].startswith("comm"):
         continue
     e = r["extra"]
-    print(f"{r['case']:<20} {r['family']:<8} {r['status']:<7} t={num(r['time_median_s'])*1e3:8.3f} ms "
+    print(f"{r['case']:<20} {r['phase']:<8} {r['status']:<7} t={num(r['time_median_s'])*1e3:8.3f} ms "
           f"comm={num(e.get('comm_s'))*1e3:7.3f} ms rel_l2={num(r['rel_l2']):.3g} "
           f"transport={e.get('transport', '')} syncs={e.get('host_syncs', '')[:40]} "
           f"breakeven_tau={num(e.get('breakeven_tau')):.2f} {r['reason'][:90]}")
 for r in rows:
-    if r["family"].startswith("comm:all_reduce") or r["family"].startswith("comm-step"):
+    if r["phase"].startswith("comm:all_reduce") or r["phase"].startswith("comm-step"):
         e = r["extra"]
-        print(f"{r['family']:<34} {num(r['time_median_s'])*1e6:9.1f} us algbw {e['algbw_GBps']:8.2f} GB/s")
+        print(f"{r['phase']:<34} {num(r['time_median_s'])*1e6:9.1f} us algbw {e['algbw_GBps']:8.2f} GB/s")
 PY
