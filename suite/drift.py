@@ -57,10 +57,14 @@ def load_spread(baseline_dir: Path) -> dict[tuple, float]:
     if not path.exists():
         return {}
     try:
-        rows = json.loads(path.read_text(encoding="utf-8"))["rows"]
-    except (json.JSONDecodeError, KeyError, TypeError):
+        payload = json.loads(path.read_text(encoding="utf-8"))
+        rows, columns = payload["rows"], payload.get("key_columns", list(KEY_COLUMNS))
+    except (json.JSONDecodeError, KeyError, TypeError, AttributeError):
         raise UserError(f"{path}: not a spread file (expected a JSON object with 'rows')") from None
-    return {tuple(k.split("|")): float(v) for k, v in rows.items()}
+    # a file written before a key column was added (phase, 2026-12-01) names its own columns: the missing ones
+    # are "" in its rows, so its keys still join today's records instead of silently matching none
+    return {tuple(dict(zip(columns, k.split("|"))).get(c, "") for c in KEY_COLUMNS): float(v)
+            for k, v in rows.items()}
 
 
 # ------------------------------------------------------------------------------------------ change points

@@ -10,7 +10,7 @@ import pytest
 
 from kdbench import cli, drift, nightly, regress
 from kdbench.errors import UserError
-from kdbench.results import Record, RunWriter
+from kdbench.results import KEY_COLUMNS, Record, RunWriter
 
 SCENARIO_TEXT = ("name: nightly_verify\nkind: kernel\ncases:\n  - name: f32\n    family: tree_verify_mla\n"
                  "    shape: {batch: 1}\n    tolerance: {rtol: 1.0e-4, atol: 1.0e-5, rel_l2: 1.0e-5}\n")
@@ -128,3 +128,14 @@ def test_compare_help_shows_its_defaults(capsys):
 def test_compare_with_one_run_is_a_usage_error(tmp_path, capsys):
     assert cli.main(["compare", str(tmp_path)]) == 2
     assert "expected BASE_RUN NEW_RUN" in capsys.readouterr().err
+
+
+def test_a_spread_file_from_before_a_new_key_column_still_joins(tmp_path):
+    """spread.json names its key columns; one written with fewer (before `phase`) maps onto today's keys."""
+    old_columns = [c for c in KEY_COLUMNS if c != "phase"]
+    key = {c: "" for c in old_columns} | {"scenario": "s", "kind": "kernel", "case": "c", "family": "tree_build",
+                                         "backend": "cuda"}
+    (tmp_path / drift.SPREAD_FILE).write_text(json.dumps(
+        {"key_columns": old_columns, "rows": {"|".join(key[c] for c in old_columns): 0.07}}))
+    want = tuple(key.get(c, "") for c in KEY_COLUMNS)
+    assert drift.load_spread(tmp_path) == {want: 0.07}
