@@ -11,8 +11,9 @@ from kdbench.corpus import CATEGORIES
 from kdbench.errors import UserError
 
 DATA = Path(__file__).parent / "data"
-PER_CATEGORY = 24
-PROMPT_CHARS = 1200      # ~360 tokens: longer than any scenario's prompt_len needs
+PER_CATEGORY = 32
+PROMPT_CHARS = 1200      # a prompt starts at a line start at least this far before its document ends
+TEXT_CHARS = 2400        # the text kept from there (~700 tokens; prompt_len takes the first tokens)
 
 
 def path_of(category: str) -> Path:
@@ -21,7 +22,7 @@ def path_of(category: str) -> Path:
 
 def cut(docs, category: str, n: int = PER_CATEGORY, seed: int = 0) -> list[dict]:
     """n prompts from the held-out documents of a category, round-robin over documents long enough; each starts
-    at a line start chosen by a seeded rng, PROMPT_CHARS long."""
+    at a line start chosen by a seeded rng, up to TEXT_CHARS long."""
     pool = sorted((d for d in docs if d.category == category and d.split == "heldout" and len(d.text) > 2 * PROMPT_CHARS),
                   key=lambda d: d.id)
     if not pool:
@@ -35,7 +36,7 @@ def cut(docs, category: str, n: int = PER_CATEGORY, seed: int = 0) -> list[dict]
             continue
         used.add((d.id, off))
         out.append({"id": f"{category}-{len(out):02d}", "category": category, "source": d.id, "offset": off,
-                    "text": d.text[off:off + PROMPT_CHARS]})
+                    "text": d.text[off:off + TEXT_CHARS]})
     return out
 
 

@@ -168,7 +168,7 @@ def _static_tree(policy: str, branching: tuple[int, ...], depth: int):
 
 
 TEXT_CATEGORIES = ("code", "prose", "structured")   # the trained pair's held-out prompt sets (mixed = all three)
-PAIR_MODEL, PAIR_DEPTH, PAIR_PROMPTS, PAIR_PROMPT_LEN = "kdbench-pair", 15, 24, 256
+PAIR_MODEL, PAIR_DEPTH, PAIR_PROMPTS, PAIR_PROMPT_LEN = "kdbench-pair", 15, 32, 256
 
 
 def _pair_only(s) -> tuple[str, str] | None:
