@@ -4,11 +4,13 @@ against a threshold derived from the sample itself: the (1 - alpha) quantile of 
 relabelings of the pooled sequences, permuted within each prompt (sequences are the exchangeable units)."""
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 
 import numpy as np
+import torch
 
-from kdbench.engine.engine import generate
+from kdbench.engine import engine
 from kdbench.engine.stages import Policy
 
 
@@ -30,7 +32,7 @@ def sample(model, drafter, prompts: list[list[int]], copies: int, n_new: int, po
            seed: int, backend: str = "torch") -> list[list[int]]:
     """copies independent continuations of every prompt in one batch: row r is prompts[r // copies]."""
     rows = [p for p in prompts for _ in range(copies)]
-    return generate(model, drafter, rows, n_new, policy, temperature, seed, backend).tokens
+    return engine.generate(model, drafter, rows, n_new, policy, temperature, seed, backend).tokens
 
 
 def _token_counts(seqs, V: int) -> np.ndarray:
@@ -78,3 +80,32 @@ def compare(seqs_a, seqs_b, groups: list[int], V: int, alpha: float = 0.01, n_pe
     tvt, tvp = _stats(seqs_a, seqs_b, V)
     return DistVerdict(int(ta.sum()), tvt, float(np.quantile(null[:, 0], q)), tvp, float(np.quantile(null[:, 1], q)),
                        scale)
+
+
+# ------------------------------------------------------------------------------ planted bugs (power check)
+
+def _temperature_bug(orig):
+    return lambda run, tree, logits: orig(run, tree, logits / 0.5)       # verify at half the temperature
+
+
+def _draft_bias_bug(orig):
+    def accept(run, tree, logits):
+        child = tree.first_child.to(torch.int64)                            # [B, N] first child row, -1 = leaf
+        tok = tree.tokens.gather(1, child.clamp(min=0))                     # its token
+        boost = torch.zeros_like(logits).scatter_(2, tok[..., None], 3.0) * (child >= 0)[..., None]
+        return orig(run, tree, logits + boost)                              # the draft gets a head start
+    return accept
+
+
+PLANTED = {"verify_at_half_temperature": _temperature_bug, "draft_biased_verify": _draft_bias_bug}
+
+
+@contextlib.contextmanager
+def planted(name: str):
+    """Run speculative decoding with a known bug in the verify decision (engine._accept wrapped)."""
+    orig = engine._accept
+    engine._accept = PLANTED[name](orig)
+    try:
+        yield
+    finally:
+        engine._accept = orig
