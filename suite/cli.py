@@ -233,6 +233,56 @@ def _add_nightly(sub) -> None:
     n.set_defaults(func=_nightly)
 
 
+def _corpus(args) -> int:
+    from kdbench import corpus, prompts, tokenizer
+    if args.manifest:
+        man = corpus.write_manifest()
+        print(f"manifest: {corpus.MANIFEST} ({len(man['files'])} files)")
+    path = corpus.build(Path(args.out))
+    print(f"corpus: {path}")
+    if args.tokenizer or args.prompts:
+        docs = corpus.load(path)
+        if args.tokenizer:
+            tokenizer.train([d.text for d in docs if d.split == "train"]).save(str(tokenizer.TOKENIZER))
+            print(f"tokenizer: {tokenizer.TOKENIZER}")
+        if args.prompts:
+            print("prompts: " + ", ".join(str(p) for p in prompts.write_all(docs)))
+    return 0
+
+
+def _train(args) -> int:
+    from kdbench import train_pair
+    if args.device == "cuda" and not _has_cuda():
+        raise UserError("--device cuda: no CUDA device here")
+    train_pair.run(Path(args.out), Path(args.corpus), args.size, args.seed, args.device,
+                   args.target_seconds, args.drafter_seconds)
+    if args.check:
+        train_pair.quick_accept(Path(args.out), args.device)
+    return 0
+
+
+def _add_pair(sub) -> None:
+    """corpus and train: the trained pair (plans/0007)."""
+    co = sub.add_parser("corpus", help="build the trained pair's corpus from the shipped manifest (no downloads)")
+    co.add_argument("--out", default=".kdbench/corpus.jsonl.xz", help="the built corpus (JSON lines, xz)")
+    co.add_argument("--manifest", action="store_true", help="rescan this interpreter's files into a new manifest")
+    co.add_argument("--tokenizer", action="store_true", help="retrain the shipped tokenizer on the train split")
+    co.add_argument("--prompts", action="store_true", help="recut the shipped held-out prompt sets")
+    co.set_defaults(func=_corpus)
+    t = sub.add_parser("train", help="train the MLA+MoE target and its block drafter (plans/0007)")
+    t.add_argument("--out", required=True, help="folder for the pair files, meta and loss curves")
+    t.add_argument("--corpus", default=".kdbench/corpus.jsonl.xz", help="built by `kdbench corpus`")
+    t.add_argument("--size", default="full", choices=["tiny", "full"])
+    t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    t.add_argument("--target-seconds", type=float, default=0.0,
+                   help="fit the target's step count to S seconds (0: no cap)")
+    t.add_argument("--drafter-seconds", type=float, default=0.0,
+                   help="fit the drafter's step count to S seconds (0: no cap)")
+    t.add_argument("--check", action="store_true", help="then print tau of chain / ddtree on held-out prompts")
+    t.set_defaults(func=_train)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="kdbench", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -264,6 +314,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.set_defaults(func=_build)
     _add_nightly(sub)
     replay_cli.add_commands(sub)   # trace, replay (suite/replay_cli.py)
+    _add_pair(sub)
     return p
 
 

@@ -12,7 +12,7 @@ from typing import Any
 import jinja2
 from markupsafe import Markup, escape
 
-from kdbench import plots, report_header, tolerances
+from kdbench import paired, plots, report_header, tolerances
 from kdbench import report_tables as tables
 from kdbench.parallel.report_section import topology_section
 from kdbench.report_tables import missing as _missing, ratio as _ratio, shape_of as _shape
@@ -322,6 +322,7 @@ def headlines(records: list[Record], best: dict, peers: dict) -> dict[str, list[
     return {"kernel": [tables.kernel_headline(fam, recs, best, peers) for (kind, fam), recs in groups.items()
                        if kind == "kernel"],
             "acceptance": tables.acceptance_headline(groups.get(("acceptance", ""), [])),
+            "paired": paired.ddtree_vs_chain(records),
             "e2e": tables.e2e_headline(groups.get(("e2e", ""), []))}
 
 
@@ -373,6 +374,7 @@ def context(run_dir: Path, records: list[Record], meta: dict[str, Any]) -> dict[
         "attention": tables.attention_rows(records),
         "skipped": skipped,
         "headlines": headlines(records, best, peers),
+        "paired_summary": paired.summary(paired.ddtree_vs_chain(records)),
         "sections": section_list,
         "env_rows": env_rows(safe["fingerprint"]),
         "ceilings": tables.ceiling_rows(records),

@@ -84,11 +84,32 @@ def verdict_counts(records: list[Record]) -> list[tuple[str, int]]:
     return ordered + [(s, n) for s, n in sorted(counts.items()) if s not in STATUS_ORDER]
 
 
+PREDICTION_OFF = 0.25   # e2e: predicted / measured speedup further than this from 1 needs a look
+
+
+def e2e_flags(rec: Record) -> list[str]:
+    """Why an e2e speculative row needs a look though no check failed: slower than AR, a predicted speedup off
+    the measured one by more than PREDICTION_OFF, or greedy output that differs from AR (issue 11 item 7)."""
+    if rec.kind != "e2e" or missing(rec.speedup_vs_ar):
+        return []
+    out = []
+    if rec.speedup_vs_ar < 1:
+        out.append(f"speedup {rec.speedup_vs_ar:.2f}x < 1 vs AR")
+    if not missing(rec.predicted_speedup) and abs(rec.predicted_speedup / rec.speedup_vs_ar - 1) > PREDICTION_OFF:
+        out.append(f"predicted {rec.predicted_speedup:.2f}x vs measured {rec.speedup_vs_ar:.2f}x "
+                   f"(off by more than {PREDICTION_OFF:.0%})")
+    if (rec.lossless or "").startswith("no"):
+        out.append("greedy output differs from AR")
+    return out
+
+
 def attention_rows(records: list[Record]) -> list[dict[str, Any]]:
-    """fail / error / ambiguous rows, failures first; pass, info and skipped rows are not listed."""
+    """fail / error / ambiguous rows, failures first, then e2e rows with e2e_flags; other pass, info and
+    skipped rows are not listed."""
     rank = {s: i for i, s in enumerate(ATTENTION)}
     bad = sorted((r for r in records if r.status in ATTENTION), key=lambda r: rank[r.status])
-    return [{"rec": r, "note": note(r)} for r in bad]
+    flagged = [r for r in records if r.status not in ATTENTION and e2e_flags(r)]
+    return [{"rec": r, "note": "; ".join(x for x in e2e_flags(r) + [note(r)] if x)} for r in bad + flagged]
 
 
 def skipped_groups(records: list[Record]) -> list[dict[str, Any]]:

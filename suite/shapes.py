@@ -112,12 +112,12 @@ class GenerationShape:
     prompt_len: int = 32
     max_new_tokens: int = 32
     temperature: float = 0.0
-    drafter: Literal["block", "synthetic"] = "synthetic"
+    drafter: Literal["block", "synthetic", "trained"] = "synthetic"
     quality: float = 0.8             # synthetic drafter: probability mass on the target's true token
     draft_len: int = 15              # L, the drafter's block horizon (separate from the tree budget)
     max_width: int = 4               # ddtree_width_capped
     branching: tuple[int, ...] = (4, 2, 1)  # static_kary: children per node at each depth
-    category: Literal["random", "repetitive"] = "random"
+    category: Literal["random", "repetitive", "code", "prose", "structured", "mixed"] = "random"
     dtype: Literal["auto", "float32", "bfloat16", "float64"] = "auto"   # auto: bf16 on GPU, f64 tiny on CPU
     batch_invariant: bool = False    # batch-invariant target (plans/0010): greedy spec == AR bit for bit, any dtype
 
@@ -133,6 +133,9 @@ class GenerationShape:
         if self.max_new_tokens < 2:
             return "max_new_tokens", (f"got {self.max_new_tokens}, expected >= 2 (the first token comes from "
                                       "prefill; steps make the rest)")
+        bad = _pair_only(self)
+        if bad:
+            return bad
         return (_budget(self.budget) or _positive(self, "batch", "prompts", "prompt_len", "max_new_tokens",
                                                   "draft_len", "max_width")
                 or self._fits(cfg.max_seq_len) or self._static_tree())
@@ -161,6 +164,25 @@ def _static_tree(policy: str, branching: tuple[int, ...], depth: int):
     nodes = sum(math.prod(branching[:d]) for d in range(1, len(branching) + 1))
     if nodes > MAX_BUDGET:
         return "branching", f"{list(branching)} makes a {nodes}-node tree, above the limit {MAX_BUDGET}"
+    return None
+
+
+TEXT_CATEGORIES = ("code", "prose", "structured")   # the trained pair's held-out prompt sets (mixed = all three)
+PAIR_MODEL, PAIR_DEPTH, PAIR_PROMPTS, PAIR_PROMPT_LEN = "kdbench-pair", 15, 32, 256
+
+
+def _pair_only(s) -> tuple[str, str] | None:
+    """The trained drafter and the text prompt sets exist for the trained pair's target only."""
+    text = s.category in TEXT_CATEGORIES + ("mixed",)
+    if (s.drafter == "trained" or text) and s.model != PAIR_MODEL:
+        key = "drafter" if s.drafter == "trained" else "category"
+        return key, f"got {getattr(s, key)!r} with model {s.model!r}; it needs model {PAIR_MODEL}"
+    if s.drafter == "trained" and s.draft_len != PAIR_DEPTH:
+        return "draft_len", f"got {s.draft_len}, expected {PAIR_DEPTH} (the trained drafter's block is 16)"
+    if text and s.prompts > PAIR_PROMPTS:
+        return "prompts", f"got {s.prompts}, expected at most {PAIR_PROMPTS} (prompts per category shipped)"
+    if text and s.prompt_len > PAIR_PROMPT_LEN:
+        return "prompt_len", f"got {s.prompt_len}, expected at most {PAIR_PROMPT_LEN} for the text prompt sets"
     return None
 
 

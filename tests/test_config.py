@@ -16,7 +16,7 @@ EXPECTED = {
     "unknown_key.yaml": ("cases[0].shape.colour", "valid keys at cases[0].shape: batch, budget, vocab"),
     "wrong_type.yaml": ("cases[0].shape.batch", "got 'two', expected an integer"),
     "missing_field.yaml": ("cases[0].shape.budget", "missing required key"),
-    "unknown_preset.yaml": ("cases[0].shape.model", "expected a preset: deepseek-v3, kimi-k2"),
+    "unknown_preset.yaml": ("cases[0].shape.model", "expected a preset: deepseek-v3, kdbench-pair, kimi-k2"),
     "empty.yaml": ("empty.yaml", "the file is empty"),
     "not_yaml.yaml": ("not_yaml.yaml", "not valid YAML (line"),
     "duplicate_case.yaml": ("cases", "duplicate case name 'a'"),

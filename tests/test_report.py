@@ -250,3 +250,18 @@ def test_merged_run_shows_its_notes_and_commands_escaped(tmp_path):
     html = report.render(write_run(tmp_path / "run", [kernel_rec("c", "cuda", 8, 1e-3)], meta)).read_text()
     assert "merged &lt;b&gt;three&lt;/b&gt; calls" in html and "the 2 runs merged here" in html
     assert "--filter &#39;&lt;x&gt;&#39;  (commit abc1234)" in html
+
+
+def test_e2e_rows_needing_a_look_are_flagged():
+    from kdbench.report_tables import attention_rows, e2e_flags
+    from kdbench.results import Record
+
+    def rec(speedup, predicted, lossless="yes"):
+        return Record(scenario="s", case="c", kind="e2e", family="ddtree(B=64)", backend="cuda", dtype="bf16",
+                      status="info", speedup_vs_ar=speedup, predicted_speedup=predicted, lossless=lossless)
+    assert e2e_flags(rec(1.5, 1.6)) == []
+    assert e2e_flags(rec(0.8, 0.85)) == ["speedup 0.80x < 1 vs AR"]
+    assert "off by more than 25%" in e2e_flags(rec(1.5, 2.0))[0]
+    assert e2e_flags(rec(1.5, 1.5, "no: near-tie (prompt 0)")) == ["greedy output differs from AR"]
+    rows = attention_rows([rec(1.5, 1.6), rec(0.5, 0.5)])
+    assert len(rows) == 1 and rows[0]["note"].startswith("speedup 0.50x")

@@ -29,6 +29,9 @@ def run(case, ctx) -> Iterator[Record]:
                           "steps": stats.steps, "mean_tree_size": stats.mean_tree, "policy": policy.label,
                           "drafter": make(0, 1).name, "tau_convention": "tau counts the bonus token",
                           "budget": s.budget})
+        tau_p = gen.per_prompt_tau(spec)
+        rec.extra["tau_per_prompt"] = tau_p
+        rec.extra["tau_per_category"] = gen.by_category(tau_p, gen.prompt_categories(s))
         if s.temperature == 0:
             rec.lossless, bug = gen.losslessness(model, all_prompts, ar, spec)
             rec.status = "fail" if bug else ("pass" if rec.lossless == "yes" else "info")

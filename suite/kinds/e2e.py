@@ -44,7 +44,10 @@ def _run_backend(case, ctx, backend: str) -> Iterator[Record]:
     rec.predicted_speedup = stats.tau * ar_rec.time_median_s / rec.time_median_s
     rec.extra.update({"per_depth_accept": stats.per_depth, "accept_len_hist": stats.hist,
                       "drafter": make(0, 1).name, "tau_convention": "tau counts the bonus token",
-                      "ar_tokens_per_s": ar_rec.tokens_per_s, "ar_step_median_s": ar_rec.time_median_s})
+                      "ar_tokens_per_s": ar_rec.tokens_per_s, "ar_step_median_s": ar_rec.time_median_s,
+                      "predicted_over_measured": rec.predicted_speedup / rec.speedup_vs_ar})
+    rec.extra.update(_graph_step(model, make(0, min(s.batch, len(all_prompts))), all_prompts[:s.batch], s, policy,
+                                 backend, ar_rec.time_median_s, stats.tau))
     if s.temperature == 0:
         rec.lossless, bug = gen.losslessness(model, all_prompts, ar, spec)
         if rec.lossless != "yes":
@@ -54,6 +57,30 @@ def _run_backend(case, ctx, backend: str) -> Iterator[Record]:
     gen.note_attention(rec, spec)
     yield ar_rec
     yield rec
+
+
+GRAPH_STEPS = 16   # replays timed by the graph-mode step measurement
+
+
+def _graph_step(model, drafter, batch_prompts, s, policy, backend: str, ar_step_s: float, tau: float) -> dict:
+    """The speculative step replayed as a CUDA graph (engine/graph.py: ddtree on the cuda backend, greedy or
+    with registered generators), beside the eager rows: graph_step_median_s and the predicted speedup with it,
+    tau x t_AR(eager) / t_step(graph). AR steps are not captured (the engine has no AR graph), so the measured
+    rows stay eager; graph_mode says which mode each number comes from, and why not where it cannot run."""
+    out = {"graph_mode": "eager"}
+    if backend != "cuda" or policy.kind != "ddtree":
+        out["graph_reason"] = "captured steps need ddtree on the cuda backend (the torch tree build is a host heap)"
+        return out
+    from kdbench.engine import graph
+    try:
+        t = graph.time_step_eager_vs_graph(model, drafter, batch_prompts, policy, GRAPH_STEPS, temperature=s.temperature)
+    except (RuntimeError, ValueError) as exc:   # GraphUnavailable is a RuntimeError
+        out["graph_reason"] = f"graph capture failed: {str(exc).splitlines()[0][:200]}"
+        return out
+    g = float(np.median(t["graph_step_s"]))
+    return {**out, "graph_step_median_s": g, "graph_eager_step_median_s": float(np.median(t["eager_step_s"])),
+            "graph_predicted_speedup": tau * ar_step_s / g, "graph_verify_share": t["verify_share"],
+            "graph_note": "spec step as a CUDA graph; AR eager (no AR graph in the engine)"}
 
 
 def _warm(model, drafter, all_prompts, s, policy, backend) -> None:
@@ -86,6 +113,7 @@ def _timed_record(case, ctx, backend: str, results, label: str, tel: dict) -> Re
             stage_tot[k] = stage_tot.get(k, 0.0) + v * 1e-9
     rec.extra["stage_s"] = {k: v / max(len(steps), 1) for k, v in stage_tot.items()}
     rec.extra["policy"] = label
+    rec.extra["graph_mode"] = "eager"      # generate() runs eagerly; _graph_step adds graph-mode step times
     rec.energy_j_per_token = tel.get("energy_j", math.nan) / decode_tokens if decode_tokens else math.nan
     for key in ("sm_clock_mhz", "mem_clock_mhz", "power_w", "temp_c"):
         setattr(rec, key, tel.get(key, math.nan))

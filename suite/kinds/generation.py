@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from kdbench import pair
 from kdbench.backends import registry
 from kdbench.config import derive_seed
 from kdbench.engine.engine import generate, target_from_preset
@@ -14,9 +15,11 @@ from kdbench.engine.records import GenerateResult
 from kdbench.engine.stages import Policy
 from kdbench.model.drafter import BlockDrafter
 from kdbench.model.synthetic import SyntheticDrafter
+from kdbench.prompts import token_prompts
 from kdbench.results import Record
+from kdbench.shapes import PAIR_MODEL, TEXT_CATEGORIES
 
-CATEGORIES = ("random", "repetitive")
+CATEGORIES = ("random", "repetitive") + TEXT_CATEGORIES + ("mixed",)
 SYNTHETIC_RANKS = 8   # the synthetic drafter places the true token at rank k with prob q (1-q)^k, k < 8
 
 
@@ -43,15 +46,27 @@ def target(case, ctx):
     if key not in ctx.cache:
         for old in [k for k in ctx.cache if isinstance(k, tuple) and k[0] in ("target", "ar")]:
             del ctx.cache[old]
-        ctx.cache[key] = target_from_preset(s.model, derive_seed(case.scenario, s.model), device=ctx.device,
-                                            dtype=model_dtype(ctx.device, s), batch_invariant=s.batch_invariant)
+        dtype, inv = model_dtype(ctx.device, s), s.batch_invariant
+        ctx.cache[key] = (pair.load_target(ctx.device, dtype, batch_invariant=inv) if s.model == PAIR_MODEL else
+                          target_from_preset(s.model, derive_seed(case.scenario, s.model), device=ctx.device,
+                                             dtype=dtype, batch_invariant=inv))
     return ctx.cache[key]
+
+
+def prompt_categories(shape) -> list[str]:
+    """The category of each prompt prompts() returns (mixed: `prompts` of each text category, in order)."""
+    cats = TEXT_CATEGORIES if shape.category == "mixed" else (shape.category,)
+    return [c for c in cats for _ in range(shape.prompts)]
 
 
 def prompts(case, vocab: int) -> list[list[int]]:
     """`prompts` prompts of `prompt_len` tokens. random: uniform tokens; repetitive: a short random motif
-    repeated (the kind of context where drafters do best)."""
+    repeated (the kind of context where drafters do best); code / prose / structured / mixed: the trained
+    pair's held-out text prompts (kdbench/data/prompts_*.jsonl), the same ones in every arm."""
     s = case.shape
+    if s.category in TEXT_CATEGORIES + ("mixed",):
+        cats = TEXT_CATEGORIES if s.category == "mixed" else (s.category,)
+        return [p for c in cats for p in token_prompts(c, s.prompts, s.prompt_len)]
     rng = np.random.default_rng(derive_seed(case.scenario, "prompts", s.category, s.prompt_len, s.prompts))
     out = []
     for _ in range(s.prompts):
@@ -93,6 +108,9 @@ def drafter_factory(case, ctx, model, all_prompts, ar: list[GenerateResult]):
     """A function (first, last) -> the drafter for prompts[first:last]. The synthetic drafter's oracle is
     the prompt + the target's AR continuation; the block drafter is random (untrained) and shared."""
     s = case.shape
+    if s.drafter == "trained":
+        trained = pair.load_drafter(model)
+        return lambda first, last: trained
     if s.drafter == "block":
         block = BlockDrafter.random(model, derive_seed(case.scenario, "drafter"), block_size=s.draft_len + 1)
         return lambda first, last: block
@@ -123,6 +141,21 @@ def step_stats(results: list[GenerateResult], depth: int) -> StepStats:
     values, counts = np.unique(taus, return_counts=True)
     return StepStats(float(taus.mean()), per_depth, {int(v): int(c) for v, c in zip(values, counts)},
                      int(taus.size), float(np.mean(sizes)))
+
+
+def per_prompt_tau(results: list[GenerateResult]) -> list[float]:
+    """Mean tau of each prompt over its steps (prompt order, batches concatenated): the paired statistic."""
+    out = []
+    for r in results:
+        for b in range(len(r.tokens)):
+            taus = [st.tau[b] for st in r.steps if st.tau[b] > 0]
+            out.append(float(np.mean(taus)) if taus else float("nan"))
+    return out
+
+
+def by_category(values: list[float], cats: list[str]) -> dict[str, float]:
+    """Mean of the per-prompt values per category."""
+    return {c: float(np.nanmean([v for v, k in zip(values, cats) if k == c])) for c in dict.fromkeys(cats)}
 
 
 def first_divergence(ar: list[GenerateResult], spec: list[GenerateResult]) -> tuple[int, int] | None:

@@ -103,17 +103,21 @@ def _grouped_available(x: torch.Tensor, w1: torch.Tensor) -> bool:
 
 
 def moe_forward(w: dict, cfg: ModelConfig, layer: int, x: torch.Tensor, dispatch: str = "auto",
-                invariant_mode: bool = False) -> torch.Tensor:
+                invariant_mode: bool = False, route_log: list | None = None) -> torch.Tensor:
     """x [N, d] (ffn-normed) -> routed experts + shared expert, [N, d].
 
     dispatch: "grouped" (torch._grouped_mm; CUDA bf16 or CPU float32), "loop", or "auto" = grouped when
     it runs on this device/dtype, else loop (float64 on CPU always loops). invariant_mode: the batch-invariant
     router, expert GEMMs and deterministic combine (invariant.py); dispatch is then not used.
+    route_log: a list that gets (layer, idx [N, k]) appended (training reads expert loads from it to update
+    the router bias).
     """
     if dispatch not in DISPATCH_MODES:
         raise ValueError(f"dispatch must be one of {DISPATCH_MODES}, got {dispatch!r}")
     p = f"layers.{layer}."
     idx, weights = route(x, w[p + "gate"], w[p + "gate_bias"], cfg, invariant_mode)
+    if route_log is not None:
+        route_log.append((layer, idx))
     experts = (w[p + "experts.w1"], w[p + "experts.w2"], w[p + "experts.w3"])  # [E,mi,d], [E,d,mi], [E,mi,d]
     if invariant_mode:
         y = invariant.experts(x, idx, weights, *experts)

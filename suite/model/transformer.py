@@ -62,6 +62,7 @@ class Transformer:
         # batch_invariant: every op's row output is bitwise independent of the other rows of the call, and
         # prefill, AR decode and tree verify share one attention over logical key order (plans/0010)
         self.batch_invariant = bool(batch_invariant)
+        self.route_log: list | None = None   # a list: every MoE layer appends (layer, expert idx) (training)
         self.set_taps(tap_layers)
         self.device, self.dtype = weights["embed"].device, weights["embed"].dtype
         self.freqs = inv_freq(cfg, self.device)  # [dr/2] float64
@@ -162,7 +163,7 @@ class Transformer:
         B, T, d = x.shape
         if self.cfg.is_moe_layer(layer):
             return moe_forward(self.w, self.cfg, layer, x.reshape(B * T, d), self.moe_dispatch,
-                               self.batch_invariant).view(B, T, d)
+                               self.batch_invariant, self.route_log).view(B, T, d)
         p = f"layers.{layer}.mlp."
         ffn = invariant.swiglu if self.batch_invariant else swiglu
         return ffn(x, self.w[p + "w1"], self.w[p + "w2"], self.w[p + "w3"])
