@@ -1,7 +1,7 @@
 """T > 0 losslessness by distribution on the trained pair (small CI size): speculative ddtree output has the
 token and lag-1 pair marginals of plain sampling (TV within the permutation threshold), and the check has
 power: a planted temperature bug and a planted draft-biased verify are both caught. The H200 version
-(>= 20k tokens, T = 0.8 and 1.0) is scripts/pair_distribution.py."""
+(>= 20k tokens, T = 0.8 and 1.0) is reports/h200/pair/pair_distribution.py."""
 from __future__ import annotations
 
 import numpy as np

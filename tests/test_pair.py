@@ -24,7 +24,7 @@ REF = ROOT / "tests" / "data" / "pair_reference.kdtr"
 
 
 def _reference_module():
-    spec = importlib.util.spec_from_file_location("pair_reference", ROOT / "scripts" / "pair_reference.py")
+    spec = importlib.util.spec_from_file_location("pair_reference", ROOT / "reports" / "h200" / "pair" / "pair_reference.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod

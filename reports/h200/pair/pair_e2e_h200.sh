@@ -13,6 +13,6 @@ parts=" ${PAIR_PARTS:-e2e accept dist} "
   [[ $parts == *" e2e "* ]] && python3 -u -m kdbench run scenarios/e2e/h200_trained.yaml --device cuda --out "$OUT/pair_e2e"
   [[ $parts == *" accept "* ]] && python3 -u -m kdbench run scenarios/acceptance/trained_sweep.yaml --device cuda \
     --out "$OUT/pair_accept" --filter "temperature=1.0" --filter "width-capped" --filter "static-kary"
-  [[ $parts == *" dist "* ]] && python3 -u scripts/pair_distribution.py --device cuda --out "$OUT/pair_dist.json"
+  [[ $parts == *" dist "* ]] && python3 -u reports/h200/pair/pair_distribution.py --device cuda --out "$OUT/pair_dist.json"
   true
 } 2>&1 | tee "$OUT/pair_log.txt"

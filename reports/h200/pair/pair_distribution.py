@@ -1,7 +1,7 @@
 """T > 0 losslessness by distribution on the trained pair (issue 11 item 6), the full size for the H200:
 ddtree (budget 64) against plain sampling at T = 0.8 and 1.0 over >= 20k generated tokens per arm (token and
 lag-1 pair marginals, TV vs the permutation threshold), then the same check with each planted verify bug,
-which must fail. Writes one JSON file. Usage: python3 scripts/pair_distribution.py --device cuda --out F."""
+which must fail. Writes one JSON file. Usage: python3 reports/h200/pair/pair_distribution.py --device cuda --out F."""
 import argparse
 import json
 import time
