@@ -277,6 +277,9 @@ class ReplayShape:
                               f"{need} exceeds {self.model}'s max_seq_len {cfgs['model'].max_seq_len}")
         if not -1.0 <= self.row_cost < math.inf:
             return "row_cost", f"got {self.row_cost}, expected a finite number >= 0 (or < 0: from the cost model)"
+        if self.check_live and (self.trace or self.drafter == "synthetic-only"):   # the kind would skip it silently
+            return "check_live", (f"got true with {'a trace file' if self.trace else 'drafter synthetic-only'}: no "
+                                  "target to run live; expected false, or a drafter on a target (keyed, block, pair)")
         return (_budget(self.budget) or _positive(self, "prompts", "prompt_len", "rounds", "k", "max_width", "batch",
                                                   "ctx") or _static_tree(self.policy, self.branching, REPLAY_DEPTH))
 

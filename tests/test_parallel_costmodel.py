@@ -43,14 +43,15 @@ def test_comm_charges_the_exact_all_to_all_not_the_padded_buffers():
 
 
 def test_step_time_orders():
-    ar = cm.step_s(K2, cm.H200, cm.NVLINK_H200_8, 8, 1, 1, 4096)
-    ver = cm.step_s(K2, cm.H200, cm.NVLINK_H200_8, 8, 1, 65, 4096)
-    pcie = cm.step_s(K2, cm.H200, cm.PCIE5_P2P_8, 8, 1, 65, 4096)
+    ar = cm.step_s(K2, cm.H200, cm.NVLINK_H200_8, 8, batch=1, T=1, ctx=4096)
+    ver = cm.step_s(K2, cm.H200, cm.NVLINK_H200_8, 8, batch=1, T=65, ctx=4096)
+    pcie = cm.step_s(K2, cm.H200, cm.PCIE5_P2P_8, 8, batch=1, T=65, ctx=4096)
     assert ver["compute_s"] > 3 * ar["compute_s"]                      # 284 experts touched vs 8
     assert pcie["comm_s"] > ver["comm_s"] and pcie["compute_s"] == ver["compute_s"]
     slow = dataclasses.replace(cm.H200, efficiency=0.25)
-    assert math.isclose(cm.step_s(K2, slow, cm.NVLINK_H200_8, 8, 1, 1, 4096)["compute_s"], 2 * ar["compute_s"])
-    four = cm.step_s(K2, cm.H200, cm.NVLINK_H200_8, 4, 1, 1, 4096)
+    slow_ar = cm.step_s(K2, slow, cm.NVLINK_H200_8, 8, batch=1, T=1, ctx=4096)
+    assert math.isclose(slow_ar["compute_s"], 2 * ar["compute_s"])
+    four = cm.step_s(K2, cm.H200, cm.NVLINK_H200_8, 4, batch=1, T=1, ctx=4096)
     assert four["compute_s"] > ar["compute_s"]                         # fewer ranks: more weights each
 
 
@@ -72,11 +73,12 @@ def test_8gpu_comparison_is_labelled_and_complete():
 
 def test_calibrated_efficiency_reproduces_the_measurement():
     cfg = get_preset("kimi-k2-slice-2")
-    eff = cm.calibrated_efficiency(12.1e-3, cfg, cm.H200, 8, 65, 129)
+    eff = cm.calibrated_efficiency(12.1e-3, cfg, cm.H200, batch=8, T=65, ctx=129)
     gpu = dataclasses.replace(cm.H200, efficiency=eff)
     assert 0 < eff < 1
     bf16 = cm.Weights(expert=2.0)
-    assert math.isclose(cm.step_s(cfg, gpu, cm.NVLINK_H200_8, 1, 8, 65, 129, bf16)["total_s"], 12.1e-3, rel_tol=1e-9)
+    modeled = cm.step_s(cfg, gpu, cm.NVLINK_H200_8, 1, batch=8, T=65, ctx=129, w=bf16)["total_s"]
+    assert math.isclose(modeled, 12.1e-3, rel_tol=1e-9)
     slow = cm.compare_8gpu(efficiency=eff / 2)
     assert slow[0]["ar"]["compute_s"] > cm.compare_8gpu(efficiency=eff)[0]["ar"]["compute_s"]
 
@@ -86,10 +88,10 @@ def test_validation_table_models_the_measured_runs_bf16_experts():
     calibration does), not K2's INT4 experts: a run that equals the bf16 model reads 1.00."""
     cfg = get_preset("kimi-k2-slice-2")
     shape = {"model": "kimi-k2-slice-2", "batch": 4, "budget": 31, "prompt_len": 100}
-    want = cm.step_s(cfg, cm.H200, cm.NVLINK_H200_8, 1, 4, 32, 101, cm.MEASURED_WEIGHTS)["total_s"]
+    want = cm.step_s(cfg, cm.H200, cm.NVLINK_H200_8, 1, batch=4, T=32, ctx=101, w=cm.MEASURED_WEIGHTS)["total_s"]
     rec = Record("t", "topology", "c", "", "torch", dtype="bfloat16", phase="verify", shape=json.dumps(shape),
                  time_median_s=want, extra={"world": 1, "comm_s": 0.0})
     table = report_section.validation_table([rec])
     assert table["rows"][0][-1] == "1.00"
-    int4 = cm.step_s(cfg, cm.H200, cm.NVLINK_H200_8, 1, 4, 32, 101)["total_s"]
+    int4 = cm.step_s(cfg, cm.H200, cm.NVLINK_H200_8, 1, batch=4, T=32, ctx=101)["total_s"]
     assert int4 < want        # the INT4 model would have read > 1 for the same run

@@ -209,3 +209,12 @@ def test_a_replay_case_naming_cuda_is_refused(tmp_path):
     path.write_text("name: r\nkind: replay\ncases:\n  - name: c\n    backends: [cuda]\n    shape: {}\n")
     with pytest.raises(ScenarioError, match=r"cases\[0\]\.backends\[0\].*expected one of torch$"):
         config.load(path)
+
+
+@pytest.mark.parametrize("shape", ["{check_live: true, drafter: synthetic-only}", "{check_live: true, trace: t.kdtr}"])
+def test_a_live_check_without_a_target_is_refused(tmp_path, shape):
+    """The kind runs the live check only when it has a target: asked for without one it passed as 'info'."""
+    path = tmp_path / "r.yaml"
+    path.write_text(f"name: r\nkind: replay\ncases:\n  - name: c\n    shape: {shape}\n")
+    with pytest.raises(ScenarioError, match=r"cases\[0\]\.shape\.check_live.*no target to run live"):
+        config.load(path)

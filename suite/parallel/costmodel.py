@@ -82,7 +82,7 @@ def experts_touched(E: int, k: int, rows: int) -> float:
     return E * (1 - (1 - k / E) ** rows)
 
 
-def layer_compute_s(cfg: ModelConfig, layer: int, gpu: Gpu, n: int, batch: int, T: int, ctx: int,
+def layer_compute_s(cfg: ModelConfig, layer: int, gpu: Gpu, n: int, *, batch: int, T: int, ctx: int,
                     w: Weights) -> float:
     """Roofline floor / efficiency of one layer on one rank: N = batch * T rows at context ctx."""
     d, H, dc, dr = cfg.hidden, cfg.n_heads, cfg.kv_lora_rank, cfg.qk_rope_dim
@@ -117,11 +117,11 @@ def layer_comm_s(cfg: ModelConfig, layer: int, link: Link, n: int, rows: int) ->
     return sum(link.seconds(op, b, n) for op, b in msgs)
 
 
-def step_s(cfg: ModelConfig, gpu: Gpu, link: Link, n: int, batch: int, T: int, ctx: int,
+def step_s(cfg: ModelConfig, gpu: Gpu, link: Link, n: int, *, batch: int, T: int, ctx: int,
            w: Weights = Weights()) -> dict:
     """{compute_s, comm_s, lm_head_s, total_s} of one forward of batch x T rows on n ranks."""
     rows = batch * T
-    compute = sum(layer_compute_s(cfg, i, gpu, n, batch, T, ctx, w) for i in range(cfg.n_layers))
+    compute = sum(layer_compute_s(cfg, i, gpu, n, batch=batch, T=T, ctx=ctx, w=w) for i in range(cfg.n_layers))
     comm = sum(layer_comm_s(cfg, i, link, n, rows) for i in range(cfg.n_layers))
     lm = max(cfg.vocab_size * cfg.hidden * w.other / n / gpu.hbm_Bps,
              2 * rows * cfg.vocab_size * cfg.hidden / n / gpu.flops) / gpu.efficiency
@@ -141,11 +141,12 @@ def memory_ok(cfg: ModelConfig, n: int, gpu_bytes: float, w: Weights = Weights()
     return total < 0.9 * gpu_bytes, total / 1e9
 
 
-def calibrated_efficiency(measured_s: float, cfg: ModelConfig, gpu: Gpu, batch: int, T: int, ctx: int,
+def calibrated_efficiency(measured_s: float, cfg: ModelConfig, gpu: Gpu, *, batch: int, T: int, ctx: int,
                           w: Weights = MEASURED_WEIGHTS) -> float:
     """The efficiency that makes the one-rank model equal a measured forward of the same shape (floor / measured);
     kdbench's measured runs hold bf16 experts (random weights), hence the default."""
-    floor = step_s(cfg, dataclasses.replace(gpu, efficiency=1.0), NVLINK_H200_8, 1, batch, T, ctx, w)["total_s"]
+    ideal = dataclasses.replace(gpu, efficiency=1.0)
+    floor = step_s(cfg, ideal, NVLINK_H200_8, 1, batch=batch, T=T, ctx=ctx, w=w)["total_s"]
     return floor / measured_s
 
 
@@ -161,8 +162,8 @@ def compare_8gpu(batch: int = 1, budget: int = 64, ctx: int = 4096, tau: float =
     out = []
     for name, gpu, link, mem in systems:
         gpu = gpu if efficiency is None else dataclasses.replace(gpu, efficiency=efficiency)
-        ar = step_s(cfg, gpu, link, 8, batch, 1, ctx)
-        ver = step_s(cfg, gpu, link, 8, batch, budget + 1, ctx)
+        ar = step_s(cfg, gpu, link, 8, batch=batch, T=1, ctx=ctx)
+        ver = step_s(cfg, gpu, link, 8, batch=batch, T=budget + 1, ctx=ctx)
         fits, gb = memory_ok(cfg, 8, mem)
         spec_step = ver["total_s"] + draft_s
         out.append({"system": name, "gpu": gpu.name, "link": link.name, "weights_GB_per_gpu": gb, "fits": fits,

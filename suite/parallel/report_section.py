@@ -48,7 +48,7 @@ def _calibration(phases) -> tuple[float, str] | None:
         if (r.phase == "verify" and s["model"].startswith("kimi-k2-slice") and r.dtype == "bfloat16"
                 and r.extra.get("world") == 1 and r.time_median_s == r.time_median_s):
             eff = costmodel.calibrated_efficiency(r.time_median_s, get_preset(s["model"]), costmodel.H200,
-                                                  s["batch"], s["budget"] + 1, s["prompt_len"] + 1)
+                                                  batch=s["batch"], T=s["budget"] + 1, ctx=s["prompt_len"] + 1)
             return eff, f"{r.case} verify ({r.time_median_s * 1e3:.2f} ms measured)"
     return None
 
@@ -82,8 +82,8 @@ def validation_table(phases) -> dict | None:
             continue
         cfg, T = get_preset(s["model"]), PHASE_T[r.phase](s)
         ctx = {"prefill": 0, "decode": s["prompt_len"], "verify": s["prompt_len"] + 1}[r.phase]
-        m = costmodel.step_s(cfg, costmodel.H200, costmodel.NVLINK_H200_8, r.extra["world"], s["batch"], T, ctx,
-                             costmodel.MEASURED_WEIGHTS)   # the measured run's bf16 experts, as the calibration
+        m = costmodel.step_s(cfg, costmodel.H200, costmodel.NVLINK_H200_8, r.extra["world"], batch=s["batch"], T=T,
+                             ctx=ctx, w=costmodel.MEASURED_WEIGHTS)   # the run's bf16 experts, as the calibration
         rows.append([f"{r.case} {r.phase}", f"{r.time_median_s * 1e3:.2f} ms", f"{m['total_s'] * 1e3:.2f} ms",
                      f"{r.time_median_s / m['total_s']:.2f}"])
     return rows and {"title": "cost model check: measured vs modeled (same shape, H200 inputs)",
