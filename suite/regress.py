@@ -12,6 +12,7 @@ import numpy as np
 
 from kdbench.backends import registry
 from kdbench.errors import DamagedRun
+from kdbench.report import environment, is_finished
 from kdbench.results import KEY_COLUMNS, Record, atomic_write_text, load_meta, load_run_records
 
 VERDICTS = ("fail", "slower", "faster", "ambiguous", "same", "skipped", "missing", "new")
@@ -147,7 +148,6 @@ def _row(key: tuple, base: Record | None, new: Record | None, alpha: float, min_
 def _run_notes(base_dir: Path, new_dir: Path) -> list[str]:
     notes = []
     bm, nm = load_meta(base_dir), load_meta(new_dir)
-    from kdbench.report import is_finished
     for label, meta in (("baseline", bm), ("new run", nm)):
         if not is_finished(meta):
             notes.append(f"the {label} is a partial run (no 'finished' flag in meta.json)")
@@ -172,7 +172,6 @@ def fail_closed_reasons(base_dir: Path, new_dir: Path, base: list[Record], new: 
     nightly whose run died early must fail, not pass with 'missing N'."""
     if not (new_dir / "meta.json").exists() and not (new_dir / "records.jsonl").exists():
         return [f"the new run {new_dir} does not exist or holds no run (no meta.json, no records.jsonl)"]
-    from kdbench.report import is_finished
     meta, reasons = load_meta(new_dir), []
     if not is_finished(meta):
         reasons.append(f"the new run is partial (meta.json status {meta.get('status', 'missing')!r}, "
@@ -235,7 +234,6 @@ def render_compare(result: CompareResult, out_html, *, base_label: str = "", new
     """Write the diff report (one self-contained, autoescaped HTML file); labels default to the run dirs."""
     base_label = base_label or result.base_dir or "baseline"
     new_label = new_label or result.new_dir or "new"
-    from kdbench.report import environment
     order = {v: i for i, v in enumerate(VERDICTS)}
     rows = sorted(result.rows, key=lambda r: order[r["verdict"]])
     html = environment().get_template("compare.html.j2").render(

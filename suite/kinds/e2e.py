@@ -9,9 +9,12 @@ from collections.abc import Iterator
 import numpy as np
 
 from kdbench import timing
+from kdbench.engine import graph
+from kdbench.engine.engine import generate
 from kdbench.engine.stages import Policy
 from kdbench.kinds import generation as gen
 from kdbench.results import Record
+from kdbench.telemetry import Sampler
 
 WARMUP_TOKENS = 4   # one short generate() per policy before timing: allocator, kernels, JIT
 
@@ -23,7 +26,6 @@ def run(case, ctx) -> Iterator[Record]:
 
 
 def _run_backend(case, ctx, backend: str) -> Iterator[Record]:
-    from kdbench.telemetry import Sampler
     s = case.shape
     model = gen.target(case, ctx)
     all_prompts = gen.prompts(case, model.cfg.vocab_size)
@@ -71,7 +73,6 @@ def _graph_step(model, drafter, batch_prompts, s, policy, backend: str, ar_step_
     if backend != "cuda" or policy.kind != "ddtree":
         out["graph_reason"] = "captured steps need ddtree on the cuda backend (the torch tree build is a host heap)"
         return out
-    from kdbench.engine import graph
     try:
         t = graph.time_step_eager_vs_graph(model, drafter, batch_prompts, policy, GRAPH_STEPS, temperature=s.temperature)
     except (RuntimeError, ValueError) as exc:   # GraphUnavailable is a RuntimeError
@@ -84,7 +85,6 @@ def _graph_step(model, drafter, batch_prompts, s, policy, backend: str, ar_step_
 
 
 def _warm(model, drafter, all_prompts, s, policy, backend) -> None:
-    from kdbench.engine.engine import generate
     n = min(WARMUP_TOKENS, s.max_new_tokens)
     generate(model, drafter, all_prompts[:s.batch], n, policy, s.temperature, 0, backend)
 
