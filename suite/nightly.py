@@ -93,7 +93,7 @@ def compare_against(plan: ab.AbPlan, *, alpha: float = 0.002, min_effect: float 
     print(f"report: {report.render(new)}")
     print(f"A/B against {label}, {plan.rounds} ABBA round pair(s): {regress.headline(result)}")
     for row in result.rows:
-        if regress.is_gating(row) and row["verdict"] in ("slower", "fail"):
+        if regress.fails(row):
             what = row.get("policy") or row["family"]     # e2e rows: the policy; kernel rows: the family
             print(f"  {row['verdict'].upper()}: {row['case']} {what} [{row['backend']}] "
                   f"{row['change_pct']:+.1f}% ({row['note']})", file=sys.stderr)

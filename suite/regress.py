@@ -15,8 +15,12 @@ from kdbench.errors import DamagedRun
 from kdbench.report import environment, is_finished
 from kdbench.results import KEY_COLUMNS, Record, atomic_write_text, load_meta, load_run_records
 
-VERDICTS = ("fail", "slower", "faster", "ambiguous", "same", "skipped", "missing", "new")
+VERDICTS = ("fail", "dropped", "slower", "faster", "ambiguous", "same", "skipped", "missing", "new")
+GATING_VERDICTS = ("dropped", "slower")   # fail a compare in a gating row ("fail" fails it in any row)
 CLOCK_TOLERANCE = 0.05              # sm clock medians further apart than 5 % -> ambiguous
+# What a row's status says was done: checked and passing > measured only > not run. A fall between two runs
+# ("dropped") is a regression of its own: a check that stops running or stops passing must not read "same".
+_STATUS_LEVEL = {"pass": 2, "info": 1, "skipped": 0}
 
 
 @dataclass(frozen=True)
@@ -118,6 +122,24 @@ def _timing_verdict(base: Record, new: Record, alpha: float, min_effect: float) 
 gates = registry.gates   # our kernels and every engine row gate; baselines, peers and the reference are context
 
 
+def _status_drop(base: Record, new: Record) -> str:
+    """Why the new row does less than the baseline's (pass -> info: its check no longer passes or no longer
+    runs; pass or info -> skipped: it no longer runs), or '' when it does not."""
+    was, now = _STATUS_LEVEL.get(base.status), _STATUS_LEVEL.get(new.status)
+    if was is None or now is None or now >= was:
+        return ""
+    what = "its check no longer passes or no longer runs" if now else "it no longer runs"
+    return f"status {base.status} -> {new.status}: {what}" + (f" ({new.reason})" if new.reason else "")
+
+
+def _dropped(base: Record, new: Record, why: str, alpha: float, min_effect: float) -> dict[str, Any]:
+    """The 'dropped' verdict, with the timing columns filled when both sides still have samples."""
+    if not (base.samples_s and new.samples_s):
+        return {"verdict": "dropped", "note": why}
+    timed = _timing_verdict(base, new, alpha, min_effect)
+    return {**timed, "verdict": "dropped", "note": f"{why}; timing {timed['verdict']}"}
+
+
 def _row_verdict(base: Record | None, new: Record | None, alpha: float, min_effect: float) -> dict[str, Any]:
     if new is None:
         return {"verdict": "missing", "note": "in the baseline, not in the new run"}
@@ -125,6 +147,9 @@ def _row_verdict(base: Record | None, new: Record | None, alpha: float, min_effe
         return {"verdict": "fail", "note": f"{new.status}: {new.reason or new.worst}"}
     if base is None:
         return {"verdict": "new", "note": "not in the baseline"}
+    drop = _status_drop(base, new)
+    if drop:
+        return _dropped(base, new, drop, alpha, min_effect)
     if new.status == "skipped" or base.status == "skipped":
         return {"verdict": "skipped", "note": new.reason or base.reason}
     if base.samples_s and new.samples_s:
@@ -203,14 +228,18 @@ def compare(base_dir, new_dir, *, alpha: float = 0.002, min_effect: float = 0.05
     counts = {v: 0 for v in VERDICTS}
     for row in rows:
         counts[row["verdict"]] += 1
-    gating = [r for r in rows
-              if r["verdict"] == "fail" or (r["verdict"] == "slower" and gates(r["kind"], r["backend"]))]
+    gating = [r for r in rows if fails(r)]
     exit_code = 1 if gating or (closed and not allow_partial) else 0
     notes = torn + _run_notes(base_dir, new_dir) + (
         [f"allowed by --allow-partial: {r}" for r in closed] if allow_partial
         else [f"fails closed (exit 1): {r}" for r in closed])
     return CompareResult(rows, counts, exit_code, notes, alpha, min_effect, str(base_dir), str(new_dir),
                          [] if allow_partial else closed)
+
+
+def fails(row: dict[str, Any]) -> bool:
+    """Whether this compare row fails the compare: any 'fail', or 'dropped' / 'slower' in a gating row."""
+    return row["verdict"] == "fail" or (row["verdict"] in GATING_VERDICTS and gates(row["kind"], row["backend"]))
 
 
 def is_gating(row: dict[str, Any]) -> bool:

@@ -159,6 +159,43 @@ def test_correctness_failure_in_new_fails_even_when_faster(tmp_path):
     assert "outside tolerance" in res.rows[0]["note"] and res.exit_code == 1
 
 
+def test_a_check_that_stops_passing_or_running_is_dropped_and_fails(tmp_path):
+    """pass -> info (an acceptance row whose greedy output stopped matching AR), pass -> skipped and
+    info -> skipped, with and without samples: 'dropped', never 'same'; in a gating row it fails the compare."""
+    base = write_run(tmp_path / "base", [
+        rec("acc", samples(1), kind="acceptance", backend="torch"),                    # timed, checked
+        rec("unt", status="pass"),                                                   # no samples
+        rec("skp", samples(2)),
+        rec("e2e", samples(3), status="info", kind="e2e", backend="torch")])
+    new = write_run(tmp_path / "new", [
+        rec("acc", samples(4), status="info", kind="acceptance", backend="torch",
+            reason="greedy speculative output differs from AR: 3 of 8 prompts"),
+        rec("unt", status="info"),
+        rec("skp", status="skipped", reason="the cuda backend needs --device cuda (a CUDA GPU)"),
+        rec("e2e", status="skipped", kind="e2e", backend="torch", reason="out of memory")])
+    res = compare(base, new)
+    rows = {r["case"]: r for r in res.rows}
+    assert {c: r["verdict"] for c, r in rows.items()} == {c: "dropped" for c in ("acc", "unt", "skp", "e2e")}
+    assert "pass -> info" in rows["acc"]["note"] and "differs from AR" in rows["acc"]["note"]
+    assert "timing same" in rows["acc"]["note"] and rows["acc"]["p_value"] == rows["acc"]["p_value"]  # timed
+    assert "no longer runs" in rows["skp"]["note"] and "info -> skipped" in rows["e2e"]["note"]
+    assert res.exit_code == 1 and res.verdict_counts["dropped"] == 4 and res.verdict_counts["same"] == 0
+    html = render_compare(res, tmp_path / "compare.html").read_text()
+    assert 'class="v-dropped"' in html and "4 gating rows dropped" in html
+
+
+def test_a_dropped_context_row_is_shown_but_does_not_gate(tmp_path):
+    """A baseline kernel row (torch) that stops running is visible as 'dropped' but, like its timing, is
+    context; a status that rises (skipped -> pass) or stays is not a drop."""
+    base = write_run(tmp_path / "base", [rec("a", samples(1), backend="torch"), rec("b", status="skipped"),
+                                         rec("c", status="info")])
+    new = write_run(tmp_path / "new", [rec("a", status="skipped", backend="torch"), rec("b", samples(2)),
+                                       rec("c", status="info")])
+    res = compare(base, new)
+    rows = {r["case"]: r["verdict"] for r in res.rows}
+    assert rows == {"a": "dropped", "b": "skipped", "c": "same"} and res.exit_code == 0
+
+
 def test_missing_and_new_rows(tmp_path):
     base = write_run(tmp_path / "base", [rec("old", samples(1)), rec("both", samples(2))])
     new = write_run(tmp_path / "new", [rec("both", samples(3)), rec("added", samples(4))])
