@@ -9,12 +9,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
 from kdbench import config, runner
 from kdbench.errors import ScenarioError
-from kdbench.parallel import comm_bench, link, messages
+from kdbench.parallel import comm_bench, link, measure, messages, rows
 from kdbench.parallel.job import Job, make_inputs
 from kdbench.parallel.launch import launch
 from kdbench.references.model_config import get_preset
@@ -240,3 +241,20 @@ def test_a_topology_case_names_one_backend(tmp_path):
                     "    shape: {model: tiny, gpus: 2}\n")
     with pytest.raises(ScenarioError, match=r"cases\[0\]\.backends: got \['torch', 'cuda'\], expected one backend"):
         config.load(path)
+
+
+@pytest.mark.parametrize("tol", [config.Tolerance(rel_l2=1e-6), config.Tolerance(atol=1e-6), config.Tolerance()])
+def test_a_check_on_an_all_zero_or_non_finite_reference_fails(tol):
+    """A NaN rel_l2 or max_abs compares False with every bound, so the check would pass unseen: an all-zero
+    one-process reference (0/0; the sharded output zero too) and a reference holding an inf must fail."""
+    rng = np.random.default_rng(11)
+    want = torch.from_numpy(rng.standard_normal((3, 5)))
+    zero = torch.zeros(3, 5, dtype=torch.float64)
+    inf_ref = want.clone()
+    inf_ref[1, 2] = math.inf
+    for ref, got in ((zero, zero), (zero, want), (inf_ref, inf_ref)):
+        status, reason = rows._verdict(measure.compare(ref, got), tol, ["d", "d"])
+        assert status == "fail" and "nothing was checked" in reason, (ref, got, reason)
+    assert rows._verdict(measure.compare(want, want.clone()), tol, ["d", "d"]) == ("pass", "")
+    near = want * (1 + 1e-3)                                   # a real difference still fails on its bound
+    assert rows._verdict(measure.compare(want, near), tol, ["d", "d"])[0] == "fail"

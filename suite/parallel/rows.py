@@ -18,6 +18,11 @@ def _verdict(check: dict | None, tol, digests: list[str]) -> tuple[str, str]:
         return "info", ""
     if check["n_nan"]:
         return "fail", f"{check['n_nan']} NaN in the sharded output"
+    # A NaN compares False with every tolerance, so it would pass; measure.compare makes rel_l2 NaN or inf
+    # for an all-zero reference (a check on zeros cannot fail) and max_abs NaN for a non-finite one.
+    bad = [f"{k} {check[k]}" for k in ("rel_l2", "max_abs") if not math.isfinite(check[k])]
+    if bad:
+        return "fail", f"{', '.join(bad)}: the one-process reference is all zero or not finite; nothing was checked"
     if tol.rtol == 0 and tol.atol == 0 and tol.rel_l2 is None:
         return ("pass", "") if check["bit_equal"] else ("fail", f"not bit-equal: max_abs {check['max_abs']:.3g}")
     if tol.rel_l2 is not None and check["rel_l2"] > tol.rel_l2:
