@@ -288,7 +288,7 @@ def kernel_section(family: str, recs: list[Record], best: dict, peers: dict, tol
     return {"type": "kernel", "title": f"kernel: {family}", **tables.layout(tables.KERNEL_COLUMNS, rows),
             "rows": rows, "plots": plot_list, "compared": any(r["baseline"] for r in rows),
             "peer_compared": any(r["peer"] for r in rows),
-            "legend": [(b, tables.registry_label(b)) for b in dict.fromkeys(r.backend for r in recs)]}
+            "legend": tables.legend(recs)}
 
 
 def generation_section(kind: str, recs: list[Record]) -> dict:

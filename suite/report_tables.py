@@ -214,9 +214,14 @@ def e2e_headline(recs: list[Record]) -> list[dict[str, Any]]:
 # ------------------------------------------------------------------------------------------ section rows
 
 def registry_label(backend: str) -> str:
-    """The registry's few words on a backend (e.g. that flashinfer_prefix does less work); '' if unknown."""
-    entry = registry.BACKENDS.get(backend)
-    return entry.label if entry is not None else ""
+    """The registry's few words on a backend (e.g. that flashinfer_prefix does less work, or that nccl rows
+    time the collective library); '' if unknown."""
+    return registry.label(backend)
+
+
+def legend(recs: list[Record]) -> list[tuple[str, str]]:
+    """(backend, its few words) for each backend of these rows, in first-seen order."""
+    return [(b, registry_label(b)) for b in dict.fromkeys(r.backend for r in recs)]
 
 
 def row(rec: Record, **extra) -> dict[str, Any]:

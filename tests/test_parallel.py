@@ -170,6 +170,8 @@ def test_report_has_the_topology_section(ci_records, tmp_path):
     assert "bus bandwidth vs message size per link" in html
     assert "sharded step time per link: compute vs communication" in html
     assert "MODELED, not measured: full-size Kimi K2 with DDTree on 8 GPUs" in html
+    # the legend names every backend of the section, the collective library too (not a registry entry)
+    assert "<b>torch</b> torch eager" in html and "<b>gloo</b> gloo collectives between CPU processes" in html
 
 
 SKIPS = """

@@ -52,6 +52,17 @@ def test_roles_and_gating():
     assert not gates("kernel", "numpy_ref") and not gates("kernel", "an_old_backend")
     assert gates("topology", "torch") and gates("topology", "cuda") and gates("replay", "torch")
     assert not gates("topology", "nccl") and not gates("topology", "gloo")   # collective microbenchmarks
+    assert not gates("a_later_kind", "torch") and not gates("e2e", "an_old_backend")   # only what is stated
+
+
+def test_collective_row_backends_are_labelled_context_and_cannot_be_named():
+    """nccl / gloo rows (the topology kind's microbenchmarks) are not entries: a scenario cannot name them,
+    they never gate, and report legends still say what they are."""
+    for name in ("nccl", "gloo"):
+        assert name not in registry.BACKENDS and name not in registry.for_kind("topology")
+        assert "collectives" in registry.label(name) and "never gates" in registry.label(name)
+        assert not any(gates(kind, name) for kind in ("kernel", *registry.GENERATION_KINDS))
+    assert registry.label("cuda") == registry.BACKENDS["cuda"].label and registry.label("nope") == ""
     assert registry.for_kind("e2e") == ("torch", "cuda")
     assert "flashinfer_cascade" in registry.for_family("tree_verify_mla")
     assert "flashinfer_cascade" not in registry.for_family("tree_build")

@@ -106,6 +106,23 @@ def test_slower_info_row_of_a_backend_gates(tmp_path):
     assert res.exit_code == 1
 
 
+def test_topology_phase_rows_gate_and_collective_rows_do_not(tmp_path):
+    """A sharded phase row times our tp/ep code: slower fails. A collective microbenchmark (gloo) times the
+    library: slower is context."""
+    def topo(case, s, backend):
+        return rec(case, s, status="pass" if backend == "torch" else "info", backend=backend, kind="topology")
+    base = write_run(tmp_path / "base", [topo("verify", samples(1), "torch"), topo("comm", samples(2), "gloo")])
+    new = write_run(tmp_path / "new", [topo("verify", samples(3, median_s=1.5e-3), "torch"),
+                                       topo("comm", samples(4), "gloo")])
+    assert compare(base, new).exit_code == 1
+    slow_comm = write_run(tmp_path / "slow_comm", [topo("verify", samples(5), "torch"),
+                                                   topo("comm", samples(6, median_s=1.5e-3), "gloo")])
+    res = compare(base, slow_comm)
+    rows = {r["case"]: r for r in res.rows}
+    assert rows["comm"]["verdict"] == "slower" and "gloo is context" in rows["comm"]["note"]
+    assert rows["verify"]["verdict"] == "same" and res.exit_code == 0
+
+
 def test_speedup_is_faster_and_passes(tmp_path):
     base = write_run(tmp_path / "base", [rec("a", samples(1))])
     new = write_run(tmp_path / "new", [rec("a", samples(2, median_s=0.7e-3))])

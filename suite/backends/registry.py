@@ -95,6 +95,13 @@ ENTRIES = (
             ops=((_VERIFY, _B + "flashinfer_mla:prepare_causal"),)),
 )
 BACKENDS = {b.name: b for b in ENTRIES}
+# Row backends that are not entries: the topology kind's collective microbenchmarks record the library that
+# carried them. A scenario cannot name them (no kind lists them) and they never gate (gates()): they time
+# the link and the library, not our code. Report legends read their label here (label()).
+COLLECTIVES = {
+    "nccl": "NCCL collectives between the GPUs (the link and the library; context, never gates)",
+    "gloo": "gloo collectives between CPU processes (the library; context, never gates)",
+}
 
 
 def get(name: str) -> Backend:
@@ -111,6 +118,11 @@ def for_family(family: str) -> tuple[str, ...]:
 def for_kind(kind: str) -> tuple[str, ...]:
     """Backends a generation kind's cases may name (the engine's stage backends)."""
     return tuple(b.name for b in ENTRIES if kind in b.kinds)
+
+
+def label(name: str) -> str:
+    """A few words on a row's backend for report legends: the entry's, a collective library's, or ''."""
+    return BACKENDS[name].label if name in BACKENDS else COLLECTIVES.get(name, "")
 
 
 def names(role: Role) -> tuple[str, ...]:
@@ -131,11 +143,16 @@ def available(name: str, device: str) -> tuple[bool, str]:
 
 
 def gates(kind: str, backend: str) -> bool:
-    """Whether a slower timing of this row fails a compare: our kernels (role ours) in kernel scenarios and
-    every engine row of a registered backend (acceptance, e2e, topology phases, replay). Baselines and peers
-    are context: host-bound baselines move with the machine's CPU (an H200 A/A nightly pair moved them by up
-    to 1.8x), and a peer's speed is not our change. So are rows of a backend the registry does not know: the
-    topology kind's collective microbenchmarks (backend nccl / gloo) time the link and the library, not us."""
-    if backend == "numpy_ref":
+    """Whether a slower (or dropped) row fails a compare. Kernel rows: our kernels (role ours) only; baselines
+    and peers are context (host-bound baselines move with the machine's CPU: an H200 A/A nightly pair moved
+    them by up to 1.8x; a peer's speed is not our change). Rows of a generation kind (acceptance, e2e,
+    replay, and the topology kind's phase rows) gate for every registered backend: they time our engine,
+    and a topology phase row our sharded code (tp/ep sharding, the EP MoE dispatch) whichever attention
+    backend it runs on; topology rows join only on the same device and link (KEY_COLUMNS). Never: the
+    reference, the collective microbenchmarks (COLLECTIVES: the link and the library), names the registry
+    does not know (records of an older kdbench) and other kinds."""
+    if backend == "numpy_ref" or backend not in BACKENDS:
         return False
-    return role(backend) == "ours" if kind == "kernel" else backend in BACKENDS
+    if kind == "kernel":
+        return role(backend) == "ours"
+    return kind in GENERATION_KINDS

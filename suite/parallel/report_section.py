@@ -100,4 +100,4 @@ def topology_section(recs) -> dict:
     plot_list = [p for p in (_busbw_plot(comm), _stacked_plot(phases)) if p]
     extra_tables = [t for t in (validation_table(phases), modeled_table(phases)) if t]
     return {"type": "generic", "title": "topology", **tables.layout(tables.GENERIC_COLUMNS, rows), "rows": rows,
-            "plots": plot_list, "tables": extra_tables}
+            "plots": plot_list, "tables": extra_tables, "legend": tables.legend(phases + comm)}
