@@ -11,7 +11,7 @@ import warnings
 import numpy as np
 import pytest
 
-from kdbench import report
+from kdbench import report, report_plots
 from kdbench import report_tables as tables
 from kdbench.results import Record, RunWriter
 
@@ -233,8 +233,8 @@ def test_rendering_raises_no_matplotlib_warning(tmp_path):
 def test_latency_panel_holds_the_other_keys_where_most_rows_are():
     """Grid heads x nodes with a hole: the nodes panel is drawn at the heads value that has all nodes."""
     shapes = [{"heads": h, "nodes": n} for h in (8, 16, 64) for n in (16, 64, 256) if (h, n) != (64, 256)]
-    assert report._anchor(shapes, "nodes", ["heads"]) in {("8",), ("16",)}
-    assert report._anchor(shapes, "nodes", ["heads"]) == ("16",)           # the middle one of the tie
+    assert report_plots._anchor(shapes, "nodes", ["heads"]) in {("8",), ("16",)}
+    assert report_plots._anchor(shapes, "nodes", ["heads"]) == ("16",)           # the middle one of the tie
 
 
 def test_number_formats():

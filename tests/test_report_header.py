@@ -4,7 +4,7 @@ throttled rows); ceilings per device the row was timed on; tolerances per case; 
 import json
 import math
 
-from kdbench import report, report_header, report_tables
+from kdbench import report, report_header, report_plots, report_tables
 from kdbench.errors import clip
 from kdbench.results import Record, RunWriter
 
@@ -68,7 +68,7 @@ def test_ceilings_come_from_where_each_row_was_timed():
     recs = [kernel("acc", "numpy_ref", "cpu", CPU_CEIL), kernel("acc", "cuda", "cuda", GPU_CEIL)]
     rows = report_tables.ceiling_rows(recs)
     assert [(r["device"], r["copy_tb_per_s"]) for r in rows] == [("CPU", 0.012), ("NVIDIA H200", 4.2)]
-    plot = report._roofline_plot(recs, "tree_accept")
+    plot = report_plots.roofline_plot(recs, "tree_accept")
     assert "(NVIDIA H200, CPU)" in plot["caption"]
 
 
