@@ -4,13 +4,15 @@ against a threshold derived from the sample itself: the (1 - alpha) quantile of 
 relabelings of the pooled sequences, permuted within each prompt (sequences are the exchangeable units)."""
 from __future__ import annotations
 
-import contextlib
+import dataclasses
 from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 import torch
 
 from kdbench.engine import engine
+from kdbench.engine.records import StageTimer
 from kdbench.engine.stages import Policy
 
 
@@ -29,10 +31,22 @@ class DistVerdict:
 
 
 def sample(model, drafter, prompts: list[list[int]], copies: int, n_new: int, policy: Policy, temperature: float,
-           seed: int, backend: str = "torch") -> list[list[int]]:
-    """copies independent continuations of every prompt in one batch: row r is prompts[r // copies]."""
+           seed: int, backend: str = "torch", bug: str | Callable | None = None) -> list[list[int]]:
+    """copies independent continuations of every prompt in one batch: row r is prompts[r // copies].
+    bug: a key of PLANTED (or such a wrapper of the tree_accept_sampled stage), to run speculative decoding
+    with that known bug in its sampled accept stage."""
     rows = [p for p in prompts for _ in range(copies)]
-    return engine.generate(model, drafter, rows, n_new, policy, temperature, seed, backend).tokens
+    if bug is None:
+        return engine.generate(model, drafter, rows, n_new, policy, temperature, seed, backend).tokens
+    req = engine.Request(model, drafter, rows, n_new, policy, temperature, seed, backend)
+    plan, state = engine.prepare(req)       # the public pieces generate() and graph capture share
+    wrap = PLANTED[bug] if isinstance(bug, str) else bug
+    stages = dataclasses.replace(plan.stages, tree_accept_sampled=wrap(plan.stages.tree_accept_sampled))
+    plan = dataclasses.replace(plan, stages=stages)   # this plan only: nothing global is swapped
+    while not all(state.done.tolist()):
+        kv_limit = engine.bucketed_kv_limit(plan, max(state.cache.lengths.tolist()) + plan.rows)
+        engine.step(plan, state, StageTimer(model.device), kv_limit)
+    return state.tokens()
 
 
 def _token_counts(seqs, V: int) -> np.ndarray:
@@ -83,29 +97,28 @@ def compare(seqs_a, seqs_b, groups: list[int], V: int, alpha: float = 0.01, n_pe
 
 
 # ------------------------------------------------------------------------------ planted bugs (power check)
+# Each wraps a backend's tree_accept_sampled(tokens, first_child, next_sibling, n_nodes, probs, uniforms, depth)
+# and changes the target probabilities it decides with; probs = softmax(logits / T) over the last axis.
 
-def _temperature_bug(orig):
-    return lambda run, tree, logits: orig(run, tree, logits / 0.5)       # verify at half the temperature
+def _temperature_bug(accept):
+    """Verify at half the temperature: softmax(logits / (T/2)) = probs^2, renormalized."""
+    def buggy(tokens, first_child, next_sibling, n_nodes, probs, uniforms, depth):
+        sharp = probs * probs
+        return accept(tokens, first_child, next_sibling, n_nodes, sharp / sharp.sum(-1, keepdim=True), uniforms,
+                      depth)
+    return buggy
 
 
-def _draft_bias_bug(orig):
-    def accept(run, tree, logits):
-        child = tree.first_child.to(torch.int64)                            # [B, N] first child row, -1 = leaf
-        tok = tree.tokens.gather(1, child.clamp(min=0))                     # its token
-        boost = torch.zeros_like(logits).scatter_(2, tok[..., None], 3.0) * (child >= 0)[..., None]
-        return orig(run, tree, logits + boost)                              # the draft gets a head start
-    return accept
+def _draft_bias_bug(accept):
+    """The draft gets a head start: softmax(logits + 3 at each row's first child token) = probs x e^3 there."""
+    def buggy(tokens, first_child, next_sibling, n_nodes, probs, uniforms, depth):
+        child = first_child.to(torch.int64)                                 # [B, N] first child row, -1 = leaf
+        tok = tokens.gather(1, child.clamp(min=0))                          # its token
+        boost = torch.zeros_like(probs).scatter_(2, tok[..., None], 3.0) * (child >= 0)[..., None]
+        biased = probs * boost.exp()
+        return accept(tokens, first_child, next_sibling, n_nodes, biased / biased.sum(-1, keepdim=True), uniforms,
+                      depth)
+    return buggy
 
 
 PLANTED = {"verify_at_half_temperature": _temperature_bug, "draft_biased_verify": _draft_bias_bug}
-
-
-@contextlib.contextmanager
-def planted(name: str):
-    """Run speculative decoding with a known bug in the verify decision (engine._accept wrapped)."""
-    orig = engine._accept
-    engine._accept = PLANTED[name](orig)
-    try:
-        yield
-    finally:
-        engine._accept = orig

@@ -27,9 +27,9 @@ def world():
     return target, drafter, prompts, groups, plain
 
 
-def _spec(world, seed=2):
+def _spec(world, seed=2, bug=None):
     target, drafter, prompts, _, _ = world
-    return distcheck.sample(target, drafter, prompts, COPIES, NEW, POLICY, TEMP, seed=seed)
+    return distcheck.sample(target, drafter, prompts, COPIES, NEW, POLICY, TEMP, seed=seed, bug=bug)
 
 
 def test_tv_and_threshold_basics():
@@ -49,8 +49,30 @@ def test_speculative_sampling_matches_plain_sampling(world):
 @pytest.mark.parametrize("bug", sorted(distcheck.PLANTED))
 def test_planted_bugs_are_caught(world, bug):
     target, _, _, groups, plain = world
-    with distcheck.planted(bug):
-        spec = _spec(world)
-    assert distcheck.engine._accept.__name__ == "_accept"          # restored
-    v = distcheck.compare(plain, spec, groups, target.cfg.vocab_size)
+    v = distcheck.compare(plain, _spec(world, bug=bug), groups, target.cfg.vocab_size)
     assert not v.same, v
+
+
+def test_the_planted_path_without_a_bug_is_generate(world):
+    """The bug hook drives engine.prepare/step itself: with an identity 'bug' it must give generate()'s
+    tokens exactly (same seed), so a caught bug is the bug, not the loop."""
+    assert _spec(world, seed=5, bug=lambda accept: accept) == _spec(world, seed=5)
+
+
+@pytest.mark.parametrize("bug", sorted(distcheck.PLANTED))
+def test_planted_bugs_equal_their_logit_form(bug):
+    """Each probability-space bug equals the logit change it stands for (half temperature; +3 on the draft)."""
+    rng = np.random.default_rng(3)
+    logits = torch.from_numpy(rng.normal(size=(2, 5, 11)))
+    tokens = torch.from_numpy(rng.integers(0, 11, size=(2, 5)))
+    first_child = torch.tensor([[1, 3, -1, 4, -1], [2, -1, 4, -1, -1]], dtype=torch.int32)
+    seen = {}
+    distcheck.PLANTED[bug](lambda *a: seen.setdefault("probs", a[4]))(
+        tokens, first_child, None, None, torch.softmax(logits, -1), None, 4)
+    if bug == "verify_at_half_temperature":
+        want = torch.softmax(logits / 0.5, -1)
+    else:
+        child = first_child.to(torch.int64)
+        boost = torch.zeros_like(logits).scatter_(2, tokens.gather(1, child.clamp(min=0))[..., None], 3.0)
+        want = torch.softmax(logits + boost * (child >= 0)[..., None], -1)
+    torch.testing.assert_close(seen["probs"], want, rtol=1e-12, atol=1e-14)
