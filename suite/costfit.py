@@ -78,22 +78,56 @@ def expert_curve(ms, model: str | None = None) -> ExpertCurve:
 
 
 def fit(ms, curve: ExpertCurve, attn_eff: float = KDBENCH_ATTN_EFF, hw: Hardware = H200,
-        label: str = "") -> Efficiency:
-    """t = overhead + layer_s * layers + G / e_gemm + M / e_moe + A / attn_eff, least squares on relative
-    error (rows weighted by 1 / t). layer_s is fitted only when the measurements span two layer counts."""
+        label: str = "", max_eff: float = 1.0) -> Efficiency:
+    """t = max(host, overhead + layer_s * layers + G / e_gemm + M / e_moe + A / attn_eff), least squares on
+    relative error. The efficiencies are bounded to <= max_eff (1: no class beats its floor), the times to
+    >= 0. host: one per forward, or per (layers + 1) when the measurements span two layer counts (layer_s is
+    fitted only then). host is scanned (HOST_GRID values, then a finer grid around the best); for each host
+    the device terms are a bounded linear least squares over the cells the device time binds."""
     fl = [floors(get_preset(m.model), m.batch, m.rows, m.ctx, experts=curve, hw=hw) for m in ms]
-    layers = {f.layers for f in fl}
-    cols = [[1.0] + ([float(f.layers)] if len(layers) > 1 else []) + [f.gemm_s, f.moe_s] for f in fl]
-    A = np.array(cols)
-    y = np.array([m.seconds - f.attn_s / attn_eff for m, f in zip(ms, fl)])
-    w = 1.0 / np.array([m.seconds for m in ms])
-    x = _nonneg_lstsq(A * w[:, None], y * w)
-    if len(layers) == 1:
+    multi = len({f.layers for f in fl}) > 1
+    A = np.array([[1.0] + ([float(f.layers)] if multi else []) + [f.gemm_s, f.moe_s] for f in fl])
+    t = np.array([m.seconds for m in ms])
+    y = t - np.array([f.attn_s / attn_eff for f in fl])
+    scale = np.array([f.layers + 1.0 if multi else 1.0 for f in fl])    # host time = h * scale
+    lo = np.zeros(A.shape[1])
+    lo[-2:] = 1.0 / max_eff                                               # inverse efficiencies >= 1 / max_eff
+    best = min((_fit_at_host(h, A, y, t, scale, lo) for h in _host_grid(t / scale)), key=lambda r: r[0])
+    step = float(np.max(t / scale)) / HOST_GRID
+    best = min((_fit_at_host(h, A, y, t, scale, lo) for h in np.linspace(max(best[1] - step, 0.0), best[1] + step,
+                                                                         HOST_GRID // 4)), key=lambda r: r[0])
+    _, h, x = best
+    if not multi:
         x = np.insert(x, 1, 0.0)
     c0, cl, ig, im = (float(v) for v in x)
-    eff = Efficiency(gemm=1.0 / ig if ig > 0 else float("inf"), moe=1.0 / im if im > 0 else float("inf"),
-                     attn=attn_eff, overhead_s=c0, layer_s=cl, label=label or f"fitted to {len(ms)} forwards")
+    eff = Efficiency(gemm=1.0 / ig, moe=1.0 / im, attn=attn_eff, overhead_s=c0, layer_s=cl,
+                     host_s=h, host_layer_s=h if multi else 0.0, label=label or f"fitted to {len(ms)} forwards")
     return replace(eff, draft_overhead_s=draft_overhead(eff, hw))
+
+
+HOST_GRID = 96   # host-time candidates per scan (the loss is piecewise smooth in host; two scans find its minimum)
+
+
+def _host_grid(per_unit: np.ndarray) -> np.ndarray:
+    return np.linspace(0.0, float(per_unit.max()), HOST_GRID)
+
+
+def _fit_at_host(h: float, A, y, t, scale, lo) -> tuple[float, float, np.ndarray]:
+    """(loss, h, x) for host time h: x >= lo by least squares over the cells whose device time exceeds the
+    host's, re-chosen until stable (a cell under the host time is predicted as the host time)."""
+    w = 1.0 / t
+    bound = np.ones(len(t), dtype=bool)
+    x = lo.copy()
+    for _ in range(8):
+        if bound.sum() >= A.shape[1]:
+            Ab, yb = A[bound] * w[bound, None], (y[bound] - A[bound] @ lo) * w[bound]
+            x = lo + _nonneg_lstsq(Ab, yb)
+        new = A @ x + (t - y) > h * scale
+        if (new == bound).all():
+            break
+        bound = new
+    pred = np.maximum(h * scale, A @ x + (t - y))
+    return float(np.sum(((pred - t) * w) ** 2)), h, x
 
 
 def draft_overhead(eff: Efficiency, hw: Hardware = H200) -> float:

@@ -1,5 +1,6 @@
 """Verify-cost model (plans/0008-cost-model.md): the time of an AR step and of a speculative step from floors
-(FLOPs / peak, bytes / bandwidth per class of work) divided by measured efficiencies, plus fixed overheads.
+(FLOPs / peak, bytes / bandwidth per class of work) divided by measured efficiencies, plus fixed overheads;
+a forward takes max(host issue time, device time): eager launches overlap the GPU's work.
 MoE weight traffic follows the number of distinct experts the step's rows touch (measured curve or the
 uniform-routing formula). Every figure is per forward of `batch` requests x `rows` rows at context `ctx`.
 """
@@ -32,8 +33,10 @@ H200 = Hardware("H200", 790e12, 4.2e12)
 class Efficiency:
     """Fraction of the floor rate each class reaches, and fixed times. gemm: dense weight GEMMs (attention
     projections, dense MLP, shared expert, router, lm_head); moe: routed experts (grouped GEMM and its
-    dispatch); attn: the attention kernel vs its roofline. overhead_s per forward, layer_s per layer
-    (launches, host work: what CUDA graphs remove); draft_overhead_s the same for the drafter's forward."""
+    dispatch); attn: the attention kernel vs its roofline. overhead_s per forward, layer_s per layer: fixed
+    DEVICE time (kernel latencies); host_s per forward + host_layer_s per layer: the host's time to issue the
+    eager forward (Python + launches, what CUDA graphs remove), which overlaps the device time, so a forward
+    takes max(host, device); draft_overhead_s the drafter forward's fixed time."""
     gemm: float
     moe: float
     attn: float
@@ -41,6 +44,8 @@ class Efficiency:
     layer_s: float = 0.0
     draft_overhead_s: float = 0.0
     label: str = ""
+    host_s: float = 0.0
+    host_layer_s: float = 0.0
 
 
 # Today's engine before any fit: attention at 50 % (the kdbench kernel, device/h200_facts.md), the rest fitted.
@@ -138,6 +143,14 @@ def floors(cfg: ModelConfig, batch: int, rows: int, ctx: int, *, experts: Expert
 
 
 def forward_time(f: Floors, eff: Efficiency) -> float:
+    return max(host_time(f, eff), device_time(f, eff))
+
+
+def host_time(f: Floors, eff: Efficiency) -> float:
+    return eff.host_s + eff.host_layer_s * f.layers
+
+
+def device_time(f: Floors, eff: Efficiency) -> float:
     return eff.overhead_s + eff.layer_s * f.layers + work_time(f, eff)
 
 

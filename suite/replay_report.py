@@ -26,7 +26,8 @@ K2_ASSUMPTIONS = (
     "distinct experts per MoE layer: the slice's router curve (random weights) in 'router' rows, the uniform "
     "formula E(1-(1-k/E)^rows) in 'uniform' rows (a trained, load-balanced router is closer to uniform)",
     "eager rows: a joint fit of slice-2 and slice-4 separates the per-layer fixed time; with one layer count "
-    "the fitted per-forward overhead is split evenly over its layers + 1 (an assumption)",
+    "the fitted per-forward device overhead and host issue time are each split evenly over its layers + 1 "
+    "(an assumption)",
     "serving rows: efficiencies of costmodel.SERVING (assumed, not measured on this engine)",
     "the drafter: DrafterConfig.for_target (1 layer, d = 7168), its fixed time from the measured slice-2 step",
     "tau from the trace's drafter; context = the ctx given (default 1024 committed rows)")
@@ -44,7 +45,8 @@ def settings(fits: dict, ms, ctx: int) -> list[tuple[str, bb.CostSetting]]:
         eager_k2 = cf.fit(ms, k2_curve, label=f"joint fit of {', '.join(sorted(fits))}")
     else:
         n = get_preset(name).n_layers + 1
-        eager_k2 = dataclasses.replace(eff, overhead_s=eff.overhead_s / n, layer_s=eff.overhead_s / n)
+        eager_k2 = dataclasses.replace(eff, overhead_s=eff.overhead_s / n, layer_s=eff.overhead_s / n,
+                                       host_s=eff.host_s / n, host_layer_s=eff.host_s / n)
     s2, k2 = get_preset(name), get_preset("kimi-k2")
     return [(f"{name}, today's eager engine (efficiencies fitted)", bb.CostSetting(s2, ctx, eff, curve)),
             (f"{name}, serving-grade engine", bb.CostSetting(s2, ctx, cm.SERVING, curve)),
@@ -68,7 +70,8 @@ def validation(ms) -> tuple[str, dict, dict]:
                        "leave_one_out": cf.summary(loo)}
         text += [f"### {model}: {len(cells)} measured forwards ({cells[0].source})", "",
                  f"Fitted: gemm {eff.gemm:.2f}, moe {eff.moe:.2f} of the floor rate, attention {eff.attn:.2f} "
-                 f"(fixed, kernel measurement), overhead {eff.overhead_s * 1e3:.2f} ms/forward, drafter fixed "
+                 f"(fixed, kernel measurement), device overhead {eff.overhead_s * 1e3:.2f} ms/forward, host issue "
+                 f"time {eff.host_s * 1e3:.2f} ms/forward (a forward takes max(host, device)), drafter fixed "
                  f"{eff.draft_overhead_s * 1e3:.2f} ms. In sample: median |error| "
                  f"{summ[model]['in_sample']['median_abs_error'] * 100:.1f} %, worst "
                  f"{summ[model]['in_sample']['max_abs_error'] * 100:.1f} %; leave-one-out: median "

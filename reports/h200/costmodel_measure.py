@@ -66,7 +66,7 @@ def report(ms, attn: str, out: Path) -> None:
                           "leave_one_out": costfit.summary(loo)}
         sections += [f"## {model}: fitted to its {len(cells)} cells ({eff.label})", "",
                      f"gemm {eff.gemm:.3f}, moe {eff.moe:.3f}, attn {eff.attn:.2f} (fixed), "
-                     f"overhead {eff.overhead_s * 1e3:.3f} ms", "", "In sample:", "", costfit.markdown(ins), "",
+                     f"device overhead {eff.overhead_s * 1e3:.3f} ms, host {eff.host_s * 1e3:.3f} ms", "", "In sample:", "", costfit.markdown(ins), "",
                      "Leave one out:", "", costfit.markdown(loo), ""]
     both = costfit.fit(ms, costfit.expert_curve(ms), attn_eff) if len({m.model for m in ms}) > 1 else None
     if both:
