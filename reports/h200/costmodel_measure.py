@@ -5,6 +5,7 @@ model's predictions beside them: fitted to these cells (in-sample and leave-one-
 model fitted to the 2026-12-01 slice-2 table of device/h200_facts.md. About 2 minutes on one H200.
 
 Usage: python3 reports/h200/costmodel_measure.py OUT_DIR [--models a,b] [--deadline-s 170]
+       python3 reports/h200/costmodel_measure.py OUT_DIR --from-jsonl MEASURED.jsonl   (re-fit only, CPU)
 Writes OUT_DIR/costmodel_measurements.jsonl (costfit.Measurement per line; `kdbench replay --measured` and
 `costfit.load` read it), OUT_DIR/costmodel_validation.md and .json.
 """
@@ -30,9 +31,14 @@ def main() -> None:
     ap.add_argument("--deadline-s", type=float, default=170.0)
     ap.add_argument("--long-ctx", type=int, default=8192,
                     help="also the first model at this context, batch 1/8/32 x 65 rows (0: skip)")
+    ap.add_argument("--from-jsonl", help="skip measuring: re-fit and report these committed cells "
+                                         "(cuda attention assumed, as measured)")
     a = ap.parse_args()
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
+    if a.from_jsonl:
+        report(costfit.load(a.from_jsonl), "cuda", out)
+        return
     t0 = time.time()
     device = "cuda" if torch.cuda.is_available() else "cpu"
     reason = cuda_build.unavailable_reason() if device == "cuda" else "no GPU"
