@@ -71,9 +71,13 @@ def dump(path, ms) -> None:
 
 
 def expert_curve(ms, model: str | None = None) -> ExpertCurve:
-    """The measured experts at each (batch, rows) of `model` (or all) as an interpolation table."""
-    pts = tuple(sorted({(m.batch, m.rows, m.experts) for m in ms
-                        if (model is None or m.model == model) and np.isfinite(m.experts)}))
+    """The measured experts at each (batch, rows) of `model` (or all) as an interpolation table; cells measured
+    more than once (e.g. at two contexts) are averaged, not left to whichever the table keeps last."""
+    seen: dict[tuple[int, int], list[float]] = {}
+    for m in ms:
+        if (model is None or m.model == model) and np.isfinite(m.experts):
+            seen.setdefault((m.batch, m.rows), []).append(m.experts)
+    pts = tuple(sorted((b, r, float(np.mean(e))) for (b, r), e in seen.items()))
     return ExpertCurve(pts, f"router, measured ({len(pts)} points)") if pts else ExpertCurve()
 
 
@@ -101,7 +105,7 @@ def fit(ms, curve: ExpertCurve, attn_eff: float = KDBENCH_ATTN_EFF, hw: Hardware
         x = np.insert(x, 1, 0.0)
     c0, cl, ig, im = (float(v) for v in x)
     eff = Efficiency(gemm=1.0 / ig, moe=1.0 / im, attn=attn_eff, overhead_s=c0, layer_s=cl,
-                     host_s=h, host_layer_s=h if multi else 0.0, label=label or f"fitted to {len(ms)} forwards")
+                     host_s=float(h), host_layer_s=float(h) if multi else 0.0, label=label or f"fitted to {len(ms)} forwards")
     return replace(eff, draft_overhead_s=draft_overhead(eff, hw))
 
 
