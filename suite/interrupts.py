@@ -64,6 +64,9 @@ def finishing():
         _state["finishing"] = before
 
 
+RETRY_S = 0.25   # seconds between repeated alarms once a case is past its limit
+
+
 @contextlib.contextmanager
 def time_limit(seconds: float):
     """Raise CaseTimeout in the main thread after `seconds` of wall-clock time. Python code is stopped at its
@@ -72,13 +75,19 @@ def time_limit(seconds: float):
         yield
         return
 
+    active = [True]
+
     def _expired(signum, frame):
-        raise CaseTimeout(seconds)
+        if active[0]:
+            raise CaseTimeout(seconds)
 
     previous = signal.signal(signal.SIGALRM, _expired)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
+    # The alarm re-fires every RETRY_S after the first: a CaseTimeout raised inside a weakref / __del__
+    # callback is swallowed by the interpreter ("Exception ignored in ..."), and the case would run on.
+    signal.setitimer(signal.ITIMER_REAL, seconds, RETRY_S)
     try:
         yield
     finally:
+        active[0] = False              # an alarm landing from here on raises nothing
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
