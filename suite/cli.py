@@ -15,7 +15,7 @@ def _run(args) -> int:
     from kdbench import report, runner
     if args.max_cases < 1:
         raise UserError(f"--max-cases: got {args.max_cases}, expected an integer >= 1")
-    outcome = runner.run_scenarios(args.scenarios, args.out, args.device, args.filter,
+    outcome = runner.run_scenarios(args.scenarios, args.out, args.device, filter_expr=args.filter,
                                    max_cases=args.max_cases, force=args.force)
     with interrupts.finishing():    # the run is saved; a late signal must not lose its report
         path = report.render(outcome.run_dir)

@@ -90,7 +90,7 @@ def load_all(paths: list[str], max_cases: int = config.MAX_CASES) -> list[config
     return scenarios
 
 
-def run_scenarios(paths: list[str], out_dir: str | None = None, device: str = "auto",
+def run_scenarios(paths: list[str], out_dir: str | None = None, device: str = "auto", *,
                   filter_expr: str | list[str] | None = None, progress: bool = True,
                   max_cases: int = config.MAX_CASES, force: bool = False) -> RunOutcome:
     """filter_expr: one --filter value or several (a case runs when any selects it; config.select).

@@ -113,7 +113,7 @@ def test_scenario_field_runs_the_invariant_target(tmp_path):
     """`batch_invariant: true` reaches the target (records say so) and a bf16 case is lossless exactly."""
     path = tmp_path / "inv.yaml"
     path.write_text(SCENARIO)
-    out = runner.run_scenarios([str(path)], str(tmp_path / "run"), "cpu", None, progress=False)
+    out = runner.run_scenarios([str(path)], str(tmp_path / "run"), "cpu", progress=False)
     recs = load_records(tmp_path / "run")
     assert out.exit_code == 0, [(r.case, r.reason) for r in recs]
     assert recs and all(r.extra["batch_invariant"] is True and r.lossless == "yes" for r in recs)

@@ -51,7 +51,7 @@ cases:
 def _run(tmp_path, text: str, name: str):
     path = tmp_path / f"{name}.yaml"
     path.write_text(text)
-    out = runner.run_scenarios([str(path)], str(tmp_path / name), "cpu", None, progress=False)
+    out = runner.run_scenarios([str(path)], str(tmp_path / name), "cpu", progress=False)
     return out, load_records(tmp_path / name)
 
 

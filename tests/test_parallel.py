@@ -27,7 +27,7 @@ ROOT = Path(__file__).parents[1]
 @pytest.fixture(scope="module")
 def ci_records(tmp_path_factory):
     out = tmp_path_factory.mktemp("topo") / "run"
-    res = runner.run_scenarios([str(ROOT / "scenarios/topology/cpu_gloo.yaml")], str(out), "cpu", None,
+    res = runner.run_scenarios([str(ROOT / "scenarios/topology/cpu_gloo.yaml")], str(out), "cpu",
                                progress=False)
     return res, load_records(out)
 
@@ -193,7 +193,7 @@ cases:
 def test_impossible_cases_are_skipped_with_the_reason_before_any_launch(tmp_path):
     path = tmp_path / "skips.yaml"
     path.write_text(SKIPS)
-    res = runner.run_scenarios([str(path)], str(tmp_path / "run"), "cpu", None, progress=False)
+    res = runner.run_scenarios([str(path)], str(tmp_path / "run"), "cpu", progress=False)
     recs = {r.case: r for r in load_records(tmp_path / "run")}
     assert res.exit_code == 0 and all(r.status == "skipped" for r in recs.values())
     assert "n_heads 4," in recs["heads-not-divisible"].reason and "not divisible by 3 ranks" in recs["heads-not-divisible"].reason
@@ -208,7 +208,7 @@ def test_one_gpu_nccl_rank_equals_one_process(tmp_path):
     text = (ROOT / "scenarios/topology/h200_gpu1.yaml").read_text()
     path = tmp_path / "gpu1.yaml"
     path.write_text(text)
-    res = runner.run_scenarios([str(path)], str(tmp_path / "run"), "cuda", ["tiny-gpu1-f32"], progress=False)
+    res = runner.run_scenarios([str(path)], str(tmp_path / "run"), "cuda", filter_expr=["tiny-gpu1-f32"], progress=False)
     recs = load_records(tmp_path / "run")
     assert res.exit_code == 0 and {r.status for r in recs} == {"pass"}
     assert all(r.extra["transport"].startswith("none (1 rank") for r in recs)

@@ -51,7 +51,7 @@ def test_raise_kill_hang_end_their_case_only(tmp_path):
     path = tmp_path / "faults.yaml"
     path.write_text(FAULTS)
     t0 = time.monotonic()
-    res = runner.run_scenarios([str(path)], str(tmp_path / "run"), "cpu", None, progress=False)
+    res = runner.run_scenarios([str(path)], str(tmp_path / "run"), "cpu", progress=False)
     elapsed = time.monotonic() - t0
     recs = {r.case: r for r in load_records(tmp_path / "run")}
     assert res.exit_code == 1                                            # error rows fail the run
@@ -91,7 +91,7 @@ cases:
             fault: hang, timeout_s: 600}
 """)
     t0 = time.monotonic()
-    runner.run_scenarios([str(path)], str(tmp_path / "run"), "cpu", None, progress=False)
+    runner.run_scenarios([str(path)], str(tmp_path / "run"), "cpu", progress=False)
     (rec,) = load_records(tmp_path / "run")
     assert rec.status == "error" and "timed out" in rec.reason
     assert time.monotonic() - t0 < 10 + 15

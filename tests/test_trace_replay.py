@@ -175,7 +175,7 @@ def test_replay_kind_runs_the_committed_scenario(tmp_path):
     from kdbench import runner
     from kdbench.results import load_records
     path = Path(__file__).parents[1] / "scenarios" / "replay_tiny.yaml"
-    out = runner.run_scenarios([str(path)], str(tmp_path / "run"), "cpu", None, progress=False)
+    out = runner.run_scenarios([str(path)], str(tmp_path / "run"), "cpu", progress=False)
     recs = load_records(tmp_path / "run")
     assert out.exit_code == 0, [(r.case, r.reason) for r in recs]
     live = [r for r in recs if r.case.startswith("policies")]
