@@ -46,7 +46,7 @@ def row_cost(cs: CostSetting, batch: int, depth: int) -> float:
 
 
 def _drafter(cs: CostSetting, depth: int) -> DrafterConfig:
-    return DrafterConfig.for_target(cs.cfg, block_size=depth + 1)
+    return cm.default_drafter(cs.cfg, depth)
 
 
 def sweep(trace: Trace, kinds: list[dict], budgets: list[int], batches: list[int], cs: CostSetting,

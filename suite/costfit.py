@@ -11,10 +11,8 @@ import numpy as np
 
 from kdbench.references.model_config import get_preset
 
-from kdbench.model.drafter import DrafterConfig
-
-from .costmodel import (ACCEPT_S, COMPACT_S, H200, Efficiency, ExpertCurve, Hardware, build_time, drafter_floors,
-                        floors, forward_time, work_time)
+from .costmodel import (ACCEPT_S, COMPACT_S, H200, Efficiency, ExpertCurve, Hardware, build_time, default_drafter,
+                        drafter_floors, floors, forward_time, work_time)
 
 # the eager cuda step outside the verify forward (draft + build + accept + compact), block drafter, slice-2,
 # batch 8, DDTree B = 64, prompts of 128 + 64 new tokens (plans/0003-engine.md, 2026-11-30 call E): 2.6 ms
@@ -25,7 +23,9 @@ KDBENCH_ATTN_EFF = 0.50   # the kdbench tree-verify kernel: 38-57 % of its floor
 @dataclass(frozen=True)
 class Measurement:
     """One measured target forward: median seconds of `batch` x `rows` rows at context `ctx`; experts =
-    distinct routed experts per MoE layer (from the router, mean over MoE layers)."""
+    distinct routed experts per MoE layer (from the router, mean over MoE layers). stage "outside_verify": the
+    median time of a live speculative step outside its verify forward (draft + build + accept + compact +
+    commit) at `batch` and budget rows - 1. mode: how the engine ran it ("eager": no CUDA graph)."""
     model: str
     batch: int
     rows: int
@@ -33,6 +33,17 @@ class Measurement:
     seconds: float
     experts: float = float("nan")
     source: str = ""
+    stage: str = "forward"
+    mode: str = "eager"
+
+
+def forwards(ms) -> list[Measurement]:
+    """The target-forward cells (the ones the efficiencies are fitted to)."""
+    return [m for m in ms if m.stage == "forward"]
+
+
+def outside_verify(ms, model: str) -> list[Measurement]:
+    return [m for m in ms if m.stage == "outside_verify" and m.model == model]
 
 
 def _facts() -> tuple[Measurement, ...]:
@@ -74,7 +85,7 @@ def expert_curve(ms, model: str | None = None) -> ExpertCurve:
     """The measured experts at each (batch, rows) of `model` (or all) as an interpolation table; cells measured
     more than once (e.g. at two contexts) are averaged, not left to whichever the table keeps last."""
     seen: dict[tuple[int, int], list[float]] = {}
-    for m in ms:
+    for m in forwards(ms):
         if (model is None or m.model == model) and np.isfinite(m.experts):
             seen.setdefault((m.batch, m.rows), []).append(m.experts)
     pts = tuple(sorted((b, r, float(np.mean(e))) for (b, r), e in seen.items()))
@@ -87,7 +98,10 @@ def fit(ms, curve: ExpertCurve, attn_eff: float = KDBENCH_ATTN_EFF, hw: Hardware
     relative error. The efficiencies are bounded to <= max_eff (1: no class beats its floor), the times to
     >= 0. host: one per forward, or per (layers + 1) when the measurements span two layer counts (layer_s is
     fitted only then). host is scanned (HOST_GRID values, then a finer grid around the best); for each host
-    the device terms are a bounded linear least squares over the cells the device time binds."""
+    the device terms are a bounded linear least squares over the cells the device time binds. The drafter's fixed
+    time comes from the outside_verify cells of the fitted model when there are any (else DRAFT_MEASURED)."""
+    steps = [m for m in ms if m.stage == "outside_verify"]
+    ms = forwards(ms)
     fl = [floors(get_preset(m.model), m.batch, m.rows, m.ctx, experts=curve, hw=hw) for m in ms]
     multi = len({f.layers for f in fl}) > 1
     A = np.array([[1.0] + ([float(f.layers)] if multi else []) + [f.gemm_s, f.moe_s] for f in fl])
@@ -106,7 +120,9 @@ def fit(ms, curve: ExpertCurve, attn_eff: float = KDBENCH_ATTN_EFF, hw: Hardware
     c0, cl, ig, im = (float(v) for v in x)
     eff = Efficiency(gemm=1.0 / ig, moe=1.0 / im, attn=attn_eff, overhead_s=c0, layer_s=cl,
                      host_s=float(h), host_layer_s=float(h) if multi else 0.0, label=label or f"fitted to {len(ms)} forwards")
-    return replace(eff, draft_overhead_s=draft_overhead(eff, hw))
+    models = {m.model for m in ms}
+    own = [m for m in steps if m.model in models] if len(models) == 1 else []
+    return replace(eff, draft_overhead_s=draft_overhead(eff, hw, own))
 
 
 HOST_GRID = 96   # host-time candidates per scan (the loss is piecewise smooth in host; two scans find its minimum)
@@ -134,15 +150,20 @@ def _fit_at_host(h: float, A, y, t, scale, lo) -> tuple[float, float, np.ndarray
     return float(np.sum(((pred - t) * w) ** 2)), h, x
 
 
-def draft_overhead(eff: Efficiency, hw: Hardware = H200) -> float:
-    """The drafter forward's fixed time: DRAFT_MEASURED's outside-verify time less its modeled work, the
-    build and accept + compact (>= 0)."""
-    d = DRAFT_MEASURED
-    cfg = get_preset(d["model"])
-    dc = DrafterConfig.for_target(cfg)
-    rest = work_time(drafter_floors(dc, cfg, d["batch"], d["ctx"], hw), eff) \
-        + build_time(d["batch"], d["budget"], cfg.vocab_size) + ACCEPT_S + COMPACT_S
-    return max(d["outside_verify_s"] - rest, 0.0)
+def draft_overhead(eff: Efficiency, hw: Hardware = H200, steps=()) -> float:
+    """The drafter forward's fixed time: a measured outside-verify time less the drafter's modeled work, the
+    build and accept + compact (>= 0), the mean over `steps` (outside_verify Measurements of one model), or
+    DRAFT_MEASURED (slice-2, plans/0003) without them."""
+    cells = [(m.model, m.batch, m.rows - 1, m.ctx, m.seconds) for m in steps] or [
+        (DRAFT_MEASURED["model"], DRAFT_MEASURED["batch"], DRAFT_MEASURED["budget"], DRAFT_MEASURED["ctx"],
+         DRAFT_MEASURED["outside_verify_s"])]
+    rest = []
+    for model, batch, budget, ctx, seconds in cells:
+        cfg = get_preset(model)
+        dc = default_drafter(cfg)
+        rest.append(seconds - work_time(drafter_floors(dc, cfg, batch, ctx, hw), eff)
+                    - build_time(batch, budget, cfg.vocab_size, dc.depth) - ACCEPT_S - COMPACT_S)
+    return max(float(np.mean(rest)), 0.0)
 
 
 def _nonneg_lstsq(A: np.ndarray, y: np.ndarray) -> np.ndarray:
@@ -168,7 +189,7 @@ class Cell:
 
 def validate(ms, eff: Efficiency, curve: ExpertCurve, hw: Hardware = H200) -> list[Cell]:
     out = []
-    for m in ms:
+    for m in forwards(ms):
         f = floors(get_preset(m.model), m.batch, m.rows, m.ctx, experts=curve, hw=hw)
         t = forward_time(f, eff)
         out.append(Cell(m, t, t / m.seconds - 1.0, f.experts, f.bytes))
@@ -184,6 +205,7 @@ def summary(cells) -> dict:
 def leave_one_out(ms, curve: ExpertCurve, attn_eff: float = KDBENCH_ATTN_EFF) -> list[Cell]:
     """Each cell predicted by a model fitted to the other cells: the honest out-of-sample error."""
     out = []
+    ms = forwards(ms)
     for i, m in enumerate(ms):
         eff = fit([x for j, x in enumerate(ms) if j != i], curve, attn_eff)
         out.extend(validate([m], eff, curve))

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from kdbench import experts
 from kdbench.model.drafter import DrafterConfig, drafter_shapes
 from kdbench.references.model_config import ModelConfig
 
@@ -79,9 +80,8 @@ def attn_proj_params(cfg: ModelConfig) -> int:
 
 
 def uniform_experts(cfg: ModelConfig, tokens: float) -> float:
-    """Expected distinct experts when `tokens` rows each pick top-k of E uniformly: E (1 - (1 - k/E)^tokens)."""
-    E, k = cfg.n_routed_experts, cfg.n_experts_per_tok
-    return E * (1.0 - (1.0 - k / E) ** tokens) if E else 0.0
+    """Expected distinct experts per MoE layer when `tokens` rows route uniformly (experts.uniform_experts)."""
+    return experts.uniform_experts(cfg.n_routed_experts, cfg.n_experts_per_tok, tokens)
 
 
 @dataclass(frozen=True)
@@ -201,6 +201,16 @@ class CostSetting:
     hw: Hardware = H200
 
 
+PAIR_DRAFTER = dict(tap_layers=(1, 2, 3), n_layers=2, n_heads=4, n_kv_heads=2, head_dim=64, intermediate=512)
+
+
+def default_drafter(cfg: ModelConfig, depth: int = 15) -> DrafterConfig:
+    """The drafter a modeled step charges: the trained pair's own shape for kdbench-pair (plans/0007, equal to
+    pair.drafter_config(): a test keeps them equal), else the block drafter scaled to the target."""
+    extra = PAIR_DRAFTER if cfg.name == "kdbench-pair" else {}
+    return DrafterConfig.for_target(cfg, block_size=depth + 1, **extra)
+
+
 def draft_time(dc: DrafterConfig, cs: CostSetting, batch: int) -> float:
     return cs.eff.draft_overhead_s + work_time(drafter_floors(dc, cs.cfg, batch, cs.ctx, cs.hw), cs.eff)
 
@@ -225,8 +235,8 @@ def ar_step(cs: CostSetting, batch: int) -> StepCost:
 
 def spec_step(cs: CostSetting, batch: int, nodes: int, drafter: DrafterConfig | None = None) -> StepCost:
     """Draft + build + verify of nodes + 1 rows per request + accept + compact. drafter: the block drafter's
-    config (default DrafterConfig.for_target(cfg): one layer, L = 15)."""
-    dc = drafter or DrafterConfig.for_target(cs.cfg)
+    config (default default_drafter(cfg), L = 15)."""
+    dc = drafter or default_drafter(cs.cfg)
     f = floors(cs.cfg, batch, nodes + 1, cs.ctx, experts=cs.experts, hw=cs.hw)
     verify = forward_time(f, cs.eff)
     draft = draft_time(dc, cs, batch)

@@ -6,6 +6,7 @@ import dataclasses
 import json
 import math
 
+from kdbench.experts import uniform_experts
 from kdbench.parallel import costmodel as cm
 from kdbench.parallel import messages, report_section
 from kdbench.references.model_config import get_preset
@@ -23,10 +24,13 @@ def test_link_time_inverts_nccl_tests_busbw():
         assert math.isclose(size / t * messages.bus_factor(op, 8), 100e9, rel_tol=1e-12)   # busbw recovered
 
 
-def test_experts_touched_matches_the_notes():
-    """shared/notes/mla_moe.md §6: DSV3 (256, top-8) 16 rows -> 102, 64 -> 222; K2 (384) 64 -> 284."""
-    assert round(cm.experts_touched(256, 8, 16)) == 102 and round(cm.experts_touched(256, 8, 64)) == 222
-    assert round(cm.experts_touched(384, 8, 64)) == 284 and math.isclose(cm.experts_touched(384, 8, 1), 8)
+def test_uniform_experts_matches_the_notes():
+    """shared/notes/mla_moe.md §6: DSV3 (256, top-8) 16 rows -> 102, 64 -> 222; K2 (384) 64 -> 284. The link
+    model charges exactly these (one formula, kdbench.experts, shared with kdbench.costmodel)."""
+    assert round(uniform_experts(256, 8, 16)) == 102 and round(uniform_experts(256, 8, 64)) == 222
+    assert round(uniform_experts(384, 8, 64)) == 284 and math.isclose(uniform_experts(384, 8, 1), 8)
+    assert uniform_experts(0, 0, 64) == 0.0
+    assert cm.uniform_experts is uniform_experts, "the link model must use the shared formula, not a copy"
 
 
 def test_comm_charges_the_exact_all_to_all_not_the_padded_buffers():

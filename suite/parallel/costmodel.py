@@ -9,6 +9,7 @@ import dataclasses
 import math
 from dataclasses import dataclass
 
+from kdbench.experts import uniform_experts
 from kdbench.references.model_config import ModelConfig, get_preset
 
 from .messages import bus_factor, layer_messages
@@ -78,10 +79,6 @@ ASSUMPTIONS = (
 )
 
 
-def experts_touched(E: int, k: int, rows: int) -> float:
-    return E * (1 - (1 - k / E) ** rows)
-
-
 def layer_compute_s(cfg: ModelConfig, layer: int, gpu: Gpu, n: int, *, batch: int, T: int, ctx: int,
                     w: Weights) -> float:
     """Roofline floor / efficiency of one layer on one rank: N = batch * T rows at context ctx."""
@@ -95,7 +92,7 @@ def layer_compute_s(cfg: ModelConfig, layer: int, gpu: Gpu, n: int, *, batch: in
     nbytes = attn_w * w.other + kv_bytes
     if cfg.is_moe_layer(layer):
         per_expert = 3 * d * cfg.moe_intermediate
-        touched = experts_touched(cfg.n_routed_experts, cfg.n_experts_per_tok, rows) / n
+        touched = uniform_experts(cfg.n_routed_experts, cfg.n_experts_per_tok, rows) / n
         nbytes += touched * per_expert * w.expert + cfg.n_shared_experts * per_expert * w.other
         flops += 2 * per_expert * rows * (cfg.n_experts_per_tok + cfg.n_shared_experts) / n
     else:
