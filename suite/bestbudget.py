@@ -32,6 +32,8 @@ class Prediction:
     speedup: float       # tau * ar_step_s / step_s, modeled
     experts: float       # distinct routed experts per MoE layer in the verify
     verify_gb: float     # bytes the verify forward moves, GB
+    verify_s: float = math.nan          # modeled verify forward
+    outside_verify_s: float = math.nan  # modeled draft + build + accept + compact
 
 
 CostSetting = cm.CostSetting
@@ -73,7 +75,8 @@ def sweep(trace: Trace, kinds: list[dict], budgets: list[int], batches: list[int
                 step = cm.spec_step(cs, batch, nodes, dc)
                 out.append(Prediction(spec["kind"], policy.label, budget, batch, r.mean_tau, rows, step.seconds,
                                       ar.seconds, batch * r.mean_tau / step.seconds,
-                                      r.mean_tau * ar.seconds / step.seconds, step.experts, step.bytes / 1e9))
+                                      r.mean_tau * ar.seconds / step.seconds, step.experts, step.bytes / 1e9,
+                                      step.verify_s, step.seconds - step.verify_s))
     return out
 
 

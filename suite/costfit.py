@@ -4,14 +4,17 @@ curve. Measurements are JSONL records (reports/h200/costmodel_measure.py writes 
 table of device/h200_facts.md."""
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import asdict, dataclass, replace
+from pathlib import Path
 
 import numpy as np
 
+from kdbench.errors import UserError
 from kdbench.references.model_config import get_preset
 
-from .costmodel import (ACCEPT_S, COMPACT_S, H200, Efficiency, ExpertCurve, Hardware, build_time, default_drafter,
+from .costmodel import (ACCEPT_S, COMPACT_S, H200, SERVING, Efficiency, ExpertCurve, Hardware, build_time, default_drafter,
                         drafter_floors, floors, forward_time, work_time)
 
 # the eager cuda step outside the verify forward (draft + build + accept + compact), block drafter, slice-2,
@@ -96,10 +99,11 @@ def fit(ms, curve: ExpertCurve, attn_eff: float = KDBENCH_ATTN_EFF, hw: Hardware
         label: str = "", max_eff: float = 1.0) -> Efficiency:
     """t = max(host, overhead + layer_s * layers + G / e_gemm + M / e_moe + A / attn_eff), least squares on
     relative error. The efficiencies are bounded to <= max_eff (1: no class beats its floor), the times to
-    >= 0. host: one per forward, or per (layers + 1) when the measurements span two layer counts (layer_s is
-    fitted only then). host is scanned (HOST_GRID values, then a finer grid around the best); for each host
-    the device terms are a bounded linear least squares over the cells the device time binds. The drafter's fixed
-    time comes from the outside_verify cells of the fitted model when there are any (else DRAFT_MEASURED)."""
+    >= 0. host = host_s + host_layer_s * MoE layers; host_layer_s and layer_s are fitted only when the
+    measurements span two layer counts. The host terms are scanned (a grid, then a finer one around the
+    best); for each the device terms are a bounded linear least squares over the cells the device time binds.
+    The drafter's fixed time comes from the outside_verify cells of the fitted model when there are any (else
+    DRAFT_MEASURED)."""
     steps = [m for m in ms if m.stage == "outside_verify"]
     ms = forwards(ms)
     fl = [floors(get_preset(m.model), m.batch, m.rows, m.ctx, experts=curve, hw=hw) for m in ms]
@@ -107,19 +111,27 @@ def fit(ms, curve: ExpertCurve, attn_eff: float = KDBENCH_ATTN_EFF, hw: Hardware
     A = np.array([[1.0] + ([float(f.layers)] if multi else []) + [f.gemm_s, f.moe_s] for f in fl])
     t = np.array([m.seconds for m in ms])
     y = t - np.array([f.attn_s / attn_eff for f in fl])
-    scale = np.array([f.layers + 1.0 if multi else 1.0 for f in fl])    # host time = h * scale
+    n_moe = np.array([float(f.moe_layers) for f in fl])
     lo = np.zeros(A.shape[1])
     lo[-2:] = 1.0 / max_eff                                               # inverse efficiencies >= 1 / max_eff
-    best = min((_fit_at_host(h, A, y, t, scale, lo) for h in _host_grid(t / scale)), key=lambda r: r[0])
-    step = float(np.max(t / scale)) / HOST_GRID
-    best = min((_fit_at_host(h, A, y, t, scale, lo) for h in np.linspace(max(best[1] - step, 0.0), best[1] + step,
-                                                                         HOST_GRID // 4)), key=lambda r: r[0])
-    _, h, x = best
+    top = 1.25 * float(t.min())          # a host time above every cell's time fits none of them
+    h0s = np.linspace(0.0, top, HOST_GRID if not multi else HOST_GRID // 3)
+    h1s = np.linspace(0.0, top / max(n_moe.min(), 1.0), HOST_GRID // 3) if multi else np.zeros(1)
+    scan = lambda a, b: min((_fit_at_host((h0, h1), A, y, t, h0 + h1 * n_moe, lo) for h0 in a for h1 in b),  # noqa: E731
+                            key=lambda r: r[0])
+    _, (h0, h1), x = scan(h0s, h1s)
+    d0, d1 = h0s[1] - h0s[0], (h1s[1] - h1s[0] if multi else 0.0)
+    fine = HOST_GRID // 4 if not multi else 9
+    for _ in range(2 if multi else 1):   # refine around the best: +-1 coarse step, then +-1 of that
+        h0s, h1s = (np.linspace(max(h0 - d0, 0.0), h0 + d0, fine),
+                    np.linspace(max(h1 - d1, 0.0), h1 + d1, fine) if multi else np.zeros(1))
+        _, (h0, h1), x = scan(h0s, h1s)
+        d0, d1 = 2 * d0 / (fine - 1), 2 * d1 / (fine - 1)
     if not multi:
         x = np.insert(x, 1, 0.0)
     c0, cl, ig, im = (float(v) for v in x)
     eff = Efficiency(gemm=1.0 / ig, moe=1.0 / im, attn=attn_eff, overhead_s=c0, layer_s=cl,
-                     host_s=float(h), host_layer_s=float(h) if multi else 0.0, label=label or f"fitted to {len(ms)} forwards")
+                     host_s=float(h0), host_layer_s=float(h1), label=label or f"fitted to {len(ms)} forwards")
     models = {m.model for m in ms}
     own = [m for m in steps if m.model in models] if len(models) == 1 else []
     return replace(eff, draft_overhead_s=draft_overhead(eff, hw, own))
@@ -128,13 +140,10 @@ def fit(ms, curve: ExpertCurve, attn_eff: float = KDBENCH_ATTN_EFF, hw: Hardware
 HOST_GRID = 96   # host-time candidates per scan (the loss is piecewise smooth in host; two scans find its minimum)
 
 
-def _host_grid(per_unit: np.ndarray) -> np.ndarray:
-    return np.linspace(0.0, float(per_unit.max()), HOST_GRID)
-
-
-def _fit_at_host(h: float, A, y, t, scale, lo) -> tuple[float, float, np.ndarray]:
-    """(loss, h, x) for host time h: x >= lo by least squares over the cells whose device time exceeds the
-    host's, re-chosen until stable (a cell under the host time is predicted as the host time)."""
+def _fit_at_host(h, A, y, t, host, lo) -> tuple[float, tuple, np.ndarray]:
+    """(loss, h, x) for the host times `host` (per cell; h: the host terms that gave them): x >= lo by least
+    squares over the cells whose device time exceeds the host's, re-chosen until stable (a cell under the
+    host time is predicted as the host time)."""
     w = 1.0 / t
     bound = np.ones(len(t), dtype=bool)
     x = lo.copy()
@@ -142,11 +151,11 @@ def _fit_at_host(h: float, A, y, t, scale, lo) -> tuple[float, float, np.ndarray
         if bound.sum() >= A.shape[1]:
             Ab, yb = A[bound] * w[bound, None], (y[bound] - A[bound] @ lo) * w[bound]
             x = lo + _nonneg_lstsq(Ab, yb)
-        new = A @ x + (t - y) > h * scale
+        new = A @ x + (t - y) > host
         if (new == bound).all():
             break
         bound = new
-    pred = np.maximum(h * scale, A @ x + (t - y))
+    pred = np.maximum(host, A @ x + (t - y))
     return float(np.sum(((pred - t) * w) ** 2)), h, x
 
 
@@ -220,3 +229,69 @@ def markdown(cells) -> str:
         lines.append(f"| {m.model} | {m.batch} | {m.rows} | {m.seconds * 1e3:.2f} | {c.predicted_s * 1e3:.2f} | "
                      f"{c.error * 100:+.1f} % | {c.experts:.0f} | {m.experts:.0f} | {c.bytes / 1e9:.1f} |")
     return "\n".join(lines)
+
+
+# ------------------------------------------------------------------ the shipped fit (suite/data)
+
+SHIPPED = Path(__file__).parent / "data" / "cost_fit_h200.json"
+SHIPPED_FORMAT = "kdbench-costfit/1"
+
+
+@dataclass(frozen=True)
+class ShippedFit:
+    """Measured cells that ship with kdbench and where they come from: the committed measurement file
+    (`file`, repo-relative), its date, GPU, engine mode (eager: no CUDA graph) and the commit measured."""
+    measurements: tuple[Measurement, ...]
+    file: str
+    date: str
+    gpu: str
+    mode: str
+    commit: str
+
+    def label(self) -> str:
+        return f"{self.file} (measured {self.date} on {self.gpu}, {self.mode}, commit {self.commit})"
+
+    def models(self) -> set[str]:
+        return {m.model for m in self.measurements}
+
+
+def ship(measured_file, out, *, date: str, gpu: str, commit: str, root=".") -> None:
+    """Write the shipped fit from a committed measurement file (its path stored relative to root)."""
+    ms = load(measured_file)
+    modes = sorted({m.mode for m in ms})
+    rel = str(Path(measured_file).resolve().relative_to(Path(root).resolve()))
+    head = {"format": SHIPPED_FORMAT, "file": rel, "date": date, "gpu": gpu, "mode": "+".join(modes),
+            "commit": commit}
+    cells = ",\n  ".join(json.dumps(asdict(m)) for m in ms)      # one cell per line: diffs stay readable
+    Path(out).write_text(json.dumps(head, indent=1)[:-2] + f',\n "measurements": [\n  {cells}\n ]\n}}\n')
+
+
+@functools.lru_cache(maxsize=4)
+def shipped(path=SHIPPED) -> ShippedFit:
+    """The shipped cells; a missing or malformed file is a UserError naming it."""
+    try:
+        obj = json.loads(Path(path).read_text())
+        if obj.get("format") != SHIPPED_FORMAT:
+            raise ValueError(f"format {obj.get('format')!r}, expected {SHIPPED_FORMAT!r}")
+        ms = tuple(Measurement(**m) for m in obj["measurements"])
+        return ShippedFit(ms, obj["file"], obj["date"], obj["gpu"], obj["mode"], obj["commit"])
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise UserError(f"{path}: bad shipped cost fit ({exc})") from None
+
+
+@functools.lru_cache(maxsize=32)
+def shipped_setting(model: str, path=SHIPPED) -> tuple[Efficiency, ExpertCurve, str]:
+    """(efficiency, expert curve, provenance) for a modeled step of `model`: fitted to the shipped cells of
+    that model when it was measured; else the assumed serving-grade efficiencies, with the router curve of
+    the deepest measured kimi-k2 slice for kimi-k2 presets (uniform routing for the rest)."""
+    fit_ = shipped(path)
+    own = [m for m in fit_.measurements if m.model == model]
+    if own:
+        curve = expert_curve(own)
+        eff = fit(own, curve, label=f"fitted to {len(forwards(own))} forwards of {fit_.label()}")
+        return eff, curve, f"fit: {fit_.label()}"
+    slices = sorted((m for m in fit_.models() if m.startswith("kimi-k2-slice-")), key=lambda m: get_preset(m).n_layers)
+    if model.startswith("kimi-k2") and slices:
+        curve = expert_curve([m for m in fit_.measurements if m.model == slices[-1]])
+        return SERVING, curve, f"assumed serving-grade efficiencies; router experts of {slices[-1]} from {fit_.label()}"
+    return SERVING, ExpertCurve(), "assumed serving-grade efficiencies; uniform-routing experts"

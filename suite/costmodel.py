@@ -35,8 +35,8 @@ class Efficiency:
     """Fraction of the floor rate each class reaches, and fixed times. gemm: dense weight GEMMs (attention
     projections, dense MLP, shared expert, router, lm_head); moe: routed experts (grouped GEMM and its
     dispatch); attn: the attention kernel vs its roofline. overhead_s per forward, layer_s per layer: fixed
-    DEVICE time (kernel latencies); host_s per forward + host_layer_s per layer: the host's time to issue the
-    eager forward (Python + launches, what CUDA graphs remove), which overlaps the device time, so a forward
+    DEVICE time (kernel latencies); host_s per forward + host_layer_s per MoE layer: the host's time to issue
+    the eager forward (Python + launches, what CUDA graphs remove), which overlaps the device time, so a forward
     takes max(host, device); draft_overhead_s the drafter forward's fixed time."""
     gemm: float
     moe: float
@@ -65,6 +65,7 @@ class Floors:
     flops: float
     experts: float       # distinct routed experts per MoE layer
     layers: int
+    moe_layers: int = 0
 
 
 def _roof(flops: float, nbytes: float, hw: Hardware) -> float:
@@ -139,7 +140,7 @@ def floors(cfg: ModelConfig, batch: int, rows: int, ctx: int, *, experts: Expert
     a_flops = cfg.n_layers * batch * cfg.n_heads * rows * keys * per_key
     a_bytes = cfg.n_layers * batch * (keys * cfg.kv_dim + rows * cfg.n_heads * (cfg.kv_dim + cfg.kv_lora_rank)) * BF16
     return Floors(_roof(g_flops, g_bytes, hw), _roof(m_flops, m_bytes, hw), _roof(a_flops, a_bytes, hw),
-                  g_bytes + m_bytes + a_bytes, g_flops + m_flops + a_flops, e, cfg.n_layers)
+                  g_bytes + m_bytes + a_bytes, g_flops + m_flops + a_flops, e, cfg.n_layers, n_moe)
 
 
 def forward_time(f: Floors, eff: Efficiency) -> float:
@@ -147,7 +148,7 @@ def forward_time(f: Floors, eff: Efficiency) -> float:
 
 
 def host_time(f: Floors, eff: Efficiency) -> float:
-    return eff.host_s + eff.host_layer_s * f.layers
+    return eff.host_s + eff.host_layer_s * f.moe_layers
 
 
 def device_time(f: Floors, eff: Efficiency) -> float:

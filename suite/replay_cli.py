@@ -41,7 +41,8 @@ def add_commands(sub) -> None:
     r.add_argument("--out", help="directory for replay.json (and the findings with --findings)")
     r.add_argument("--findings", action="store_true", help="also the best budget per batch (cost model, modeled)")
     r.add_argument("--measured", metavar="JSONL", help="forward measurements for the cost model "
-                                                        "(reports/h200/costmodel_measure.py; default h200_facts)")
+                                                        "(reports/h200/costmodel_measure.py; default the shipped fit, "
+                                                        "suite/data/cost_fit_h200.json)")
     r.add_argument("--ctx", type=int, default=1024, help="committed context for the modeled step times")
     r.set_defaults(func=_replay)
 
@@ -121,9 +122,8 @@ def _default_row_cost(ctx: int, depth: int) -> float:
     from kdbench import bestbudget as bb
     from kdbench import costfit
     from kdbench.references.model_config import get_preset
-    ms = list(costfit.H200_FACTS)
-    curve = costfit.expert_curve(ms)
-    cs = bb.CostSetting(get_preset("kimi-k2-slice-2"), ctx, costfit.fit(ms, curve), curve)
+    eff, curve, _ = costfit.shipped_setting("kimi-k2-slice-2")
+    cs = bb.CostSetting(get_preset("kimi-k2-slice-2"), ctx, eff, curve)
     return bb.row_cost(cs, 1, depth)
 
 
@@ -140,7 +140,8 @@ def _replay(args) -> int:
     for spec in kinds:
         if spec["kind"] == "adaptive" and "row_cost" not in spec:
             spec = {**spec, "row_cost": _default_row_cost(args.ctx, t.depth)}
-            print(f"adaptive: row_cost {spec['row_cost']:.4g} (cost model: kimi-k2-slice-2, batch 1, eager fit)")
+            print(f"adaptive: row_cost {spec['row_cost']:.4g} (cost model: kimi-k2-slice-2, batch 1, "
+                  f"{costfit.shipped_setting('kimi-k2-slice-2')[2]})")
         for b in budgets:
             try:
                 res = rp.replay(t, Policy(**spec, budget=b), args.max_new)
@@ -157,6 +158,7 @@ def _replay(args) -> int:
         (out / "replay.json").write_text(json.dumps({"trace": t.meta, "replays": rows}, indent=1))
         if args.findings:
             ms = costfit.load(args.measured) if args.measured else None
-            replay_report.findings(t, out, ms, args.ctx, kinds=parse_policies(args.policies), budgets=budgets)
+            replay_report.findings(t, out, ms, args.ctx, kinds=parse_policies(args.policies), budgets=budgets,
+                                   source=args.measured or "")
             print(f"findings: {out / 'findings.html'}")
     return 0

@@ -33,28 +33,37 @@ K2_ASSUMPTIONS = (
     "tau from the trace's drafter; context = the ctx given (default 1024 committed rows)")
 
 
-def settings(fits: dict, ms, ctx: int) -> list[tuple[str, bb.CostSetting]]:
-    """(title, setting): slice-2 eager (its own fit), slice-2 serving, K2 serving (router / uniform experts),
-    K2 eager: a joint fit when the measurements hold two layer counts (per-layer time separated), else the
-    slice fit with its overhead split evenly over its layers + 1."""
-    name = "kimi-k2-slice-2" if "kimi-k2-slice-2" in fits else sorted(fits)[0]
+def settings(fits: dict, ms, ctx: int, trace_model: str = "") -> list[tuple[str, bb.CostSetting]]:
+    """(title, setting): the kimi-k2 slice's eager fit and serving-grade, K2 serving (router / uniform experts),
+    K2 eager (a joint fit when the slices measured span two layer counts: per-layer time separated, else the
+    slice fit with its overhead split evenly over its layers + 1), and the trained pair's own eager fit when
+    the trace is the pair's."""
+    slices = sorted((m for m in fits if m.startswith("kimi-k2-slice-")), key=lambda m: get_preset(m).n_layers)
+    name = "kimi-k2-slice-2" if "kimi-k2-slice-2" in fits else (slices or sorted(fits))[0]
     eff, curve = fits[name]
-    deepest = max(fits, key=lambda m: get_preset(m).n_layers)
+    deepest = slices[-1] if slices else name
     k2_curve = fits[deepest][1]
-    if len({get_preset(m).n_layers for m in fits}) > 1:
-        eager_k2 = cf.fit(ms, k2_curve, label=f"joint fit of {', '.join(sorted(fits))}")
+    if len({get_preset(m).n_layers for m in slices}) > 1:
+        cells = [m for m in ms if m.model in slices]
+        eager_k2 = cf.fit(cells, k2_curve, label=f"joint fit of {', '.join(slices)}")
     else:
-        n = get_preset(name).n_layers + 1
+        cfg = get_preset(name)
+        n, nh = cfg.n_layers + 1, sum(cfg.is_moe_layer(i) for i in range(cfg.n_layers)) + 1
         eager_k2 = dataclasses.replace(eff, overhead_s=eff.overhead_s / n, layer_s=eff.overhead_s / n,
-                                       host_s=eff.host_s / n, host_layer_s=eff.host_s / n)
+                                       host_s=eff.host_s / nh, host_layer_s=eff.host_s / nh)
     s2, k2 = get_preset(name), get_preset("kimi-k2")
-    return [(f"{name}, today's eager engine (efficiencies fitted)", bb.CostSetting(s2, ctx, eff, curve)),
-            (f"{name}, serving-grade engine", bb.CostSetting(s2, ctx, cm.SERVING, curve)),
-            (f"kimi-k2 (61 layers), serving-grade, router experts of {deepest}",
-             bb.CostSetting(k2, ctx, cm.SERVING, k2_curve)),
-            ("kimi-k2 (61 layers), serving-grade, uniform experts", bb.CostSetting(k2, ctx, cm.SERVING)),
-            (f"kimi-k2 (61 layers), today's eager engine ({eager_k2.label or 'split overhead'})",
-             bb.CostSetting(k2, ctx, eager_k2, k2_curve))]
+    out = [(f"{name}, today's eager engine (efficiencies fitted)", bb.CostSetting(s2, ctx, eff, curve)),
+           (f"{name}, serving-grade engine", bb.CostSetting(s2, ctx, cm.SERVING, curve)),
+           (f"kimi-k2 (61 layers), serving-grade, router experts of {deepest}",
+            bb.CostSetting(k2, ctx, cm.SERVING, k2_curve)),
+           ("kimi-k2 (61 layers), serving-grade, uniform experts", bb.CostSetting(k2, ctx, cm.SERVING)),
+           (f"kimi-k2 (61 layers), today's eager engine ({eager_k2.label or 'split overhead'})",
+            bb.CostSetting(k2, ctx, eager_k2, k2_curve))]
+    if trace_model == "kdbench-pair" and "kdbench-pair" in fits:
+        peff, pcurve = fits["kdbench-pair"]
+        out.insert(0, ("kdbench-pair, today's eager engine (efficiencies fitted)",
+                       bb.CostSetting(get_preset("kdbench-pair"), ctx, peff, pcurve)))
+    return out
 
 
 def validation(ms) -> tuple[str, dict, dict]:
@@ -68,7 +77,7 @@ def validation(ms) -> tuple[str, dict, dict]:
         ins, loo = cf.validate(cells, eff, curve), cf.leave_one_out(cells, curve)
         summ[model] = {"efficiency": dataclasses.asdict(eff), "in_sample": cf.summary(ins),
                        "leave_one_out": cf.summary(loo)}
-        text += [f"### {model}: {len(cells)} measured forwards ({cells[0].source})", "",
+        text += [f"### {model}: {len(cf.forwards(cells))} measured forwards ({cells[0].source})", "",
                  f"Fitted: gemm {eff.gemm:.2f}, moe {eff.moe:.2f} of the floor rate, attention {eff.attn:.2f} "
                  f"(fixed, kernel measurement), device overhead {eff.overhead_s * 1e3:.2f} ms/forward, host issue "
                  f"time {eff.host_s * 1e3:.2f} ms/forward (a forward takes max(host, device)), drafter fixed "
@@ -83,20 +92,25 @@ def validation(ms) -> tuple[str, dict, dict]:
 
 
 def findings(trace: Trace, out: Path, ms=None, ctx: int = 1024, batches=BATCHES, budgets=BUDGETS,
-             kinds=KINDS) -> dict:
-    """Everything above into out/; returns the JSON summary."""
+             kinds=KINDS, source: str = "") -> dict:
+    """Everything above into out/; returns the JSON summary. ms: measured cells (default: the shipped fit's);
+    source: where they come from (said in the findings)."""
     out.mkdir(parents=True, exist_ok=True)
-    ms = list(ms) if ms else list(cf.H200_FACTS)
+    if not ms:
+        ms, source = list(cf.shipped().measurements), cf.shipped().label()
+    ms = list(ms)
     budgets = [b for b in budgets if b <= trace.k]
     kinds = [k for k in kinds if k["kind"] != "static_kary" or len(k["branching"]) <= trace.depth]
     vtext, vsum, fits = validation(ms)
     md = ["# Replay findings: best budget per batch size (step times MODELED, tau replayed)", "",
           f"Trace: {trace.meta.get('drafter', '?')} on {trace.meta.get('model', '?')}, {trace.n_prompts} prompts x "
           f"{trace.rounds} rounds, top-{trace.k}, L = {trace.depth}; categories "
-          f"{', '.join(sorted(set(trace.categories)))}.", "", "## Cost model vs measurement", "", vtext,
+          f"{', '.join(sorted(set(trace.categories)))}.", "",
+          f"Cost fit: {len(ms)} measured cells from {source or 'the given measurements'}.", "",
+          "## Cost model vs measurement", "", vtext,
           "## Best budget per batch size", ""]
-    page, summary, cache = [], {"validation": vsum, "settings": {}}, {}
-    for title, cs in settings(fits, ms, ctx):
+    page, summary, cache = [], {"validation": vsum, "settings": {}, "cost_fit": source}, {}
+    for title, cs in settings(fits, ms, ctx, trace.meta.get("model", "")):
         preds = bb.sweep(trace, kinds, budgets, batches, cs, cache=cache)
         md += [bb.markdown(preds, title), ""]
         img = bb.plot(preds)

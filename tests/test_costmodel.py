@@ -156,3 +156,74 @@ def test_trace_and_replay_commands(tmp_path, capsys):
     assert cli.main(["replay", str(t), "--budgets", "64"]) == 2      # the trace holds top-16 only
     err = capsys.readouterr().err
     assert "bad item 'bogus'" in err and "no such trace file" in err and "needs top-64" in err
+
+
+def test_fit_recovers_a_per_moe_layer_host_time():
+    """Two layer counts: the host's issue time per MoE layer and per forward are separated (slice-2 + slice-4)."""
+    truth = cm.Efficiency(gemm=0.55, moe=0.7, attn=0.5, overhead_s=0.4e-3, host_s=1.3e-3, host_layer_s=1.8e-3)
+    curve = costfit.expert_curve(costfit.H200_FACTS)
+    ms = [costfit.Measurement(model, b, r, 1024, cm.forward_time(cm.floors(get_preset(model), b, r, 1024, experts=curve),
+                                                                 truth))
+          for model in ("kimi-k2-slice-2", "kimi-k2-slice-4") for b in (1, 8, 32) for r in (1, 17, 65, 257)]
+    assert ms[0].seconds == pytest.approx(1.3e-3 + 1.8e-3) and ms[12].seconds == pytest.approx(1.3e-3 + 3 * 1.8e-3)
+    got = costfit.fit(ms, curve, attn_eff=0.5)
+    for key in ("host_s", "host_layer_s", "gemm", "moe"):
+        assert getattr(got, key) == pytest.approx(getattr(truth, key), rel=0.03), key
+    assert costfit.summary(costfit.validate(ms, got, curve))["max_abs_error"] < 0.01
+
+
+S2_MEASURED = pathlib.Path(__file__).resolve().parents[1] / "reports/h200/2026-12-01-s2/replay/costmodel_measurements.jsonl"
+
+
+def test_the_session_2_h200_cells_meet_the_targets():
+    """kimi-k2-slice-2, slice-4 and the trained pair (2026-12-01 session 2, plans/0008): every fit physical, in
+    sample and out of sample (leave one out) median <= 10 % and every cell <= 25 % per model, and the same out of
+    sample for the slices' joint fit (per-layer terms: what the 61-layer projection uses)."""
+    ms = costfit.load(S2_MEASURED)
+    assert {m.model for m in ms} == {"kimi-k2-slice-2", "kimi-k2-slice-4", "kdbench-pair"}
+    assert {m.mode for m in ms} == {"eager"} and len(costfit.outside_verify(ms, "kdbench-pair")) == 3
+    for model in sorted({m.model for m in ms}):
+        cells = [m for m in ms if m.model == model]
+        curve = costfit.expert_curve(cells)
+        eff = costfit.fit(cells, curve)
+        assert 0 < eff.gemm <= 1 and 0 < eff.moe <= 1, (model, eff)
+        assert min(eff.overhead_s, eff.host_s, eff.draft_overhead_s) >= 0, (model, eff)
+        ins = costfit.summary(costfit.validate(cells, eff, curve))
+        assert ins["median_abs_error"] <= 0.10 and ins["max_abs_error"] <= 0.25, (model, ins)
+        loo = costfit.summary(costfit.leave_one_out(cells, curve))
+        assert loo["median_abs_error"] <= 0.10 and loo["max_abs_error"] <= 0.25, (model, loo)
+    slices = costfit.forwards([m for m in ms if m.model.startswith("kimi-k2-slice-")])
+    loo = [c for i, m in enumerate(slices)
+           for c in costfit.validate([m], costfit.fit(slices[:i] + slices[i + 1:], costfit.expert_curve(slices)),
+                                     costfit.expert_curve([x for x in slices if x.model == m.model]))]
+    s = costfit.summary(loo)
+    assert s["cells"] == 27 and s["median_abs_error"] <= 0.10 and s["max_abs_error"] <= 0.25, s
+
+
+def test_the_shipped_fit_is_the_committed_measurement_file():
+    """suite/data/cost_fit_h200.json (what the replay kind models with) holds exactly the committed cells of
+    the file it names, with their date, GPU and engine mode."""
+    fit = costfit.shipped()
+    assert fit.gpu == "NVIDIA H200" and fit.mode == "eager" and len(fit.commit) >= 7
+    assert fit.measurements == tuple(costfit.load(pathlib.Path(__file__).resolve().parents[1] / fit.file))
+    assert fit.file in fit.label() and fit.date in fit.label()
+    eff, _, source = costfit.shipped_setting("kimi-k2-slice-4")
+    assert source == f"fit: {fit.label()}" and eff.host_s > 0
+    assert costfit.shipped_setting("kimi-k2")[0] == cm.SERVING
+    assert "router experts of kimi-k2-slice-4" in costfit.shipped_setting("kimi-k2")[2]
+
+
+def test_a_bad_shipped_fit_is_a_user_error(tmp_path):
+    from kdbench.errors import UserError
+    bad = tmp_path / "fit.json"
+    bad.write_text('{"format": "other"}')
+    with pytest.raises(UserError, match="fit.json: bad shipped cost fit"):
+        costfit.shipped(bad)
+    bad.write_text("{")
+    with pytest.raises(UserError, match="bad shipped cost fit"):
+        costfit.shipped(bad)
+
+
+def test_the_pair_drafter_the_model_charges_is_the_shipped_one():
+    from kdbench import pair
+    assert cm.default_drafter(get_preset("kdbench-pair")) == pair.drafter_config()

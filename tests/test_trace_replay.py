@@ -3,7 +3,6 @@ tau of the same round of a live greedy generate() (tiny float64 target, ragged p
 drafter and the block drafter). Plus the trace's KDTR and JSONL round trips and the adaptive cut."""
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 
@@ -154,18 +153,46 @@ def test_adaptive_best_size_is_the_brute_force_argmax():
         Policy("adaptive", 8, row_cost=-1.0)
 
 
-@pytest.mark.skipif(importlib.util.find_spec("kdbench.pair") is None,
-                    reason="the trained pair (kdbench.pair, issue 11) is not merged into this tree yet")
-@pytest.mark.parametrize("policy", [Policy("chain", 15), Policy("ddtree", 16), Policy("ddtree", 64),
-                                    Policy("adaptive", 64, row_cost=0.01)], ids=lambda p: p.label)
-def test_replay_equals_live_on_the_trained_pair(policy):
+PAIR_POLICIES = [Policy("chain", 15), Policy("ddtree", 16), Policy("ddtree", 64),
+                 Policy("ddtree_width_capped", 32, max_width=2), Policy("static_kary", branching=(4, 2, 1)),
+                 Policy("adaptive", 64, row_cost=0.01), Policy("adaptive", 48, row_cost=0.3)]
+
+
+@pytest.fixture(scope="module")
+def pair_world():
+    """The shipped trained pair in float64 (no near-tie can differ between the trace's AR decode and the live
+    tree verify), on one held-out prompt of each text category, recorded in batches of 2."""
     from kdbench.kinds.replay import load_pair
-    model, drafter = load_pair("cpu", torch.float64)   # float64: no near-tie can differ between the two runs
-    rng = np.random.default_rng(1)
-    prompts = [rng.integers(0, model.cfg.vocab_size, int(n)).tolist() for n in (5, 9, 13)]
-    t = tr.record(model, prompts, 11, 64, lambda first, last: drafter, batch=2)
-    live = generate(model, drafter, prompts, 12, policy)
-    assert rp.live_taus(live) == [list(p.tau) for p in rp.replay(t, policy).prompts]
+    from kdbench.prompts import token_prompts
+    model, drafter = load_pair("cpu", torch.float64)
+    cats = ("code", "prose", "structured")
+    prompts = [p for c in cats for p in token_prompts(c, 1, 24)]
+    t = tr.record(model, prompts, 11, 64, lambda first, last: drafter, batch=2, categories=list(cats))
+    return dict(model=model, drafter=drafter, prompts=prompts, trace=t)
+
+
+@pytest.mark.parametrize("policy", PAIR_POLICIES, ids=lambda p: p.label)
+def test_replay_equals_live_on_the_trained_pair(pair_world, policy):
+    """Issue 13 item 2 on the trained pair (plans/0007): its own drafter, held-out text prompts, every policy
+    kind; tau and tree rows equal round by round, and the live tokens are the target's greedy ones."""
+    w = pair_world
+    live = generate(w["model"], w["drafter"], w["prompts"], 12, policy)
+    assert live.tokens == [list(c[:12]) for c in w["trace"].continuation]
+    got = rp.replay(w["trace"], policy)
+    assert rp.live_taus(live) == [list(p.tau) for p in got.prompts], policy.label
+    for b, g in enumerate(got.prompts):
+        assert list(g.nodes) == [s.tree_size[b] for s in live.steps if s.tau[b] > 0], f"tree rows, prompt {b}"
+
+
+def test_the_trained_pair_trace_is_a_real_drafter(pair_world):
+    """Not trivial: the trained drafter gets drafts accepted on text (tau well above 1), and a tree beats
+    the chain of the same drafter on the same prompts."""
+    t = pair_world["trace"]
+    assert t.meta["model"] == "kdbench-pair" and t.meta["drafter"].startswith("trained(")
+    tree, chain = rp.replay(t, Policy("ddtree", 64)), rp.replay(t, Policy("chain", 15))
+    assert max(x for p in tree.prompts for x in p.tau) >= 4 and tree.mean_tau > 1.8
+    assert tree.mean_tau > chain.mean_tau
+    assert set(tree.per_category()) == {"code", "prose", "structured"}
 
 
 def test_replay_kind_runs_the_committed_scenario(tmp_path):

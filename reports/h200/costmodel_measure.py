@@ -98,7 +98,20 @@ def report(ms, attn: str, out: Path) -> None:
                      for c in costfit.validate([m for m in ms if m.model == model], both,
                                                costfit.expert_curve([m for m in slices if m.model == model]))]
         summary["joint"] = {"efficiency": both.__dict__, "in_sample": costfit.summary(per_model)}
-        sections += ["## Both slices, one fit (per-layer time separated)", "", costfit.markdown(per_model), ""]
+        jl = [c for i, m in enumerate(costfit.forwards(slices))      # each slice cell by a joint fit of the others
+              for c in costfit.validate([m], costfit.fit([x for j, x in enumerate(costfit.forwards(slices)) if j != i],
+                                                         costfit.expert_curve(slices), attn_eff),
+                                        costfit.expert_curve([x for x in slices if x.model == m.model]))]
+        summary["joint"]["leave_one_out"] = costfit.summary(jl)
+        sections += ["## Both slices, one fit (per-layer time separated)", "",
+                     f"gemm {both.gemm:.3f}, moe {both.moe:.3f}, device {both.overhead_s * 1e3:.3f} ms + "
+                     f"{both.layer_s * 1e3:.3f} ms/layer, host {both.host_s * 1e3:.3f} ms + "
+                     f"{both.host_layer_s * 1e3:.3f} ms per MoE layer. In sample median "
+                     f"{summary['joint']['in_sample']['median_abs_error'] * 100:.1f} %, worst "
+                     f"{summary['joint']['in_sample']['max_abs_error'] * 100:.1f} %; leave-one-out median "
+                     f"{summary['joint']['leave_one_out']['median_abs_error'] * 100:.1f} %, worst "
+                     f"{summary['joint']['leave_one_out']['max_abs_error'] * 100:.1f} %.", "",
+                     "In sample:", "", costfit.markdown(per_model), "", "Leave one out:", "", costfit.markdown(jl), ""]
     facts = costfit.fit(list(costfit.H200_FACTS), costfit.expert_curve(costfit.H200_FACTS))
     s2 = [m for m in ms if m.model == "kimi-k2-slice-2"]
     if attn == "cuda" and s2:

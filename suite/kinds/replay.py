@@ -11,7 +11,7 @@ from collections.abc import Iterator
 import torch
 
 from kdbench import bestbudget as bb
-from kdbench import costfit, costmodel
+from kdbench import costfit
 from kdbench import replay as rp
 from kdbench import trace as tr
 from kdbench.engine.engine import generate, greedy_oracle
@@ -81,7 +81,7 @@ def run(case, ctx) -> Iterator[Record]:
     if key not in ctx.cache:
         ctx.cache[key] = make_trace(s, case.scenario, ctx.device, ctx_cache=ctx.cache)
     trace, drafter_for, model, prompts = ctx.cache[key]
-    cs = _cost_setting(s)
+    cs, fit_source = _cost_setting(s)
     row_cost = s.row_cost if s.row_cost >= 0 else bb.row_cost(cs, s.batch, trace.depth)
     policy = Policy(kind=s.policy, budget=s.budget, max_width=s.max_width if s.policy == "ddtree_width_capped" else 0,
                     branching=tuple(s.branching) if s.policy == "static_kary" else (),
@@ -94,15 +94,20 @@ def run(case, ctx) -> Iterator[Record]:
         rec.status, rec.reason = "error", str(exc)
         yield rec
         return
-    pred = bb.sweep(trace, [{k: v for k, v in dataclasses.asdict(policy).items() if k != "budget"}], [policy.budget],
-                    [s.batch], cs)[0]
+    spec = {k: v for k, v in dataclasses.asdict(policy).items() if k != "budget"}
+    pred = bb.sweep(trace, [spec], [policy.budget], [s.batch], cs, cache={policy: res})[0]
     rec.tau = res.mean_tau     # the measured-looking columns tokens_per_s / predicted_speedup stay empty
-    rec.extra.update({"modeled_tokens_per_s": pred.tokens_per_s, "modeled_speedup": pred.speedup, "per_category": res.per_category(), "per_prompt": res.per_prompt(), "rounds": len(
-        [t for p in res.prompts for t in p.tau]), "mean_rows": res.mean_nodes, "modeled": True,
-        "modeled_step_s": pred.step_s, "modeled_ar_step_s": pred.ar_step_s, "experts_per_layer": pred.experts,
-        "verify_gb": pred.verify_gb, "cost_model": f"{s.cost_model}, batch {s.batch}, ctx {s.ctx}, {cs.eff.label}",
-        "drafter": trace.meta.get("drafter", ""), "tau_convention": "tau counts the bonus token",
-        "note": "modeled_* are MODELED (plans/0008), not measured; tau is replayed"})
+    rec.extra.update({
+        "modeled": True, "note": "modeled_* are MODELED (plans/0008), not measured; tau is replayed",
+        "modeled_step_s": pred.step_s, "modeled_verify_s": pred.verify_s,
+        "modeled_outside_verify_s": pred.outside_verify_s, "modeled_ar_step_s": pred.ar_step_s,
+        "modeled_tokens_per_s": pred.tokens_per_s, "modeled_speedup": pred.speedup,
+        "experts_per_layer": pred.experts, "verify_gb": pred.verify_gb, "batch": s.batch, "budget": policy.budget,
+        "cost_model": f"{s.cost_model}, ctx {s.ctx}", "cost_fit": fit_source,
+        "per_category": res.per_category(), "per_prompt": res.per_prompt(),
+        "rounds": sum(len(p.tau) for p in res.prompts), "mean_rows": res.mean_nodes,
+        "drafter": trace.meta.get("drafter", ""), "trace_model": trace.meta.get("model", ""),
+        "tau_convention": "tau counts the bonus token"})
     rec.status = "info"
     if s.check_live and drafter_for is not None:
         live = generate(model, drafter_for(0, len(prompts)), prompts, trace.rounds + 1, policy)
@@ -112,8 +117,8 @@ def run(case, ctx) -> Iterator[Record]:
     yield rec
 
 
-def _cost_setting(s) -> bb.CostSetting:
-    ms = list(costfit.H200_FACTS)
-    curve = costfit.expert_curve(ms)
-    eff = costfit.fit(ms, curve) if s.cost_model == "kimi-k2-slice-2" else costmodel.SERVING
-    return bb.CostSetting(get_preset(s.cost_model), s.ctx, eff, curve)
+def _cost_setting(s) -> tuple[bb.CostSetting, str]:
+    """The modeled step's setting and where it comes from: the shipped H200 fit for a measured preset, else
+    the assumed serving-grade efficiencies (costfit.shipped_setting)."""
+    eff, curve, source = costfit.shipped_setting(s.cost_model)
+    return bb.CostSetting(get_preset(s.cost_model), s.ctx, eff, curve), source
