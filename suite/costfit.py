@@ -134,7 +134,8 @@ def fit(ms, curve: ExpertCurve, attn_eff: float = KDBENCH_ATTN_EFF, hw: Hardware
                      host_s=float(h0), host_layer_s=float(h1), label=label or f"fitted to {len(ms)} forwards")
     models = {m.model for m in ms}
     own = [m for m in steps if m.model in models] if len(models) == 1 else []
-    return replace(eff, draft_overhead_s=draft_overhead(eff, hw, own))
+    fixed, per_request = draft_overhead(eff, hw, own)
+    return replace(eff, draft_overhead_s=fixed, draft_request_s=per_request)
 
 
 HOST_GRID = 96   # host-time candidates per scan (the loss is piecewise smooth in host; two scans find its minimum)
@@ -159,20 +160,25 @@ def _fit_at_host(h, A, y, t, host, lo) -> tuple[float, tuple, np.ndarray]:
     return float(np.sum(((pred - t) * w) ** 2)), h, x
 
 
-def draft_overhead(eff: Efficiency, hw: Hardware = H200, steps=()) -> float:
-    """The drafter forward's fixed time: a measured outside-verify time less the drafter's modeled work, the
-    build and accept + compact (>= 0), the mean over `steps` (outside_verify Measurements of one model), or
-    DRAFT_MEASURED (slice-2, plans/0003) without them."""
+def draft_overhead(eff: Efficiency, hw: Hardware = H200, steps=()) -> tuple[float, float]:
+    """(fixed s, s per request): a measured outside-verify time less the drafter's modeled work, the build and
+    accept + compact, as a + c * batch by least squares (a, c >= 0) over `steps` (outside_verify Measurements
+    of one model; c = 0 unless they span two batch sizes), or DRAFT_MEASURED (slice-2, plans/0003) alone."""
     cells = [(m.model, m.batch, m.rows - 1, m.ctx, m.seconds) for m in steps] or [
         (DRAFT_MEASURED["model"], DRAFT_MEASURED["batch"], DRAFT_MEASURED["budget"], DRAFT_MEASURED["ctx"],
          DRAFT_MEASURED["outside_verify_s"])]
-    rest = []
+    rest, batches = [], []
     for model, batch, budget, ctx, seconds in cells:
         cfg = get_preset(model)
         dc = default_drafter(cfg)
         rest.append(seconds - work_time(drafter_floors(dc, cfg, batch, ctx, hw), eff)
                     - build_time(batch, budget, cfg.vocab_size, dc.depth) - ACCEPT_S - COMPACT_S)
-    return max(float(np.mean(rest)), 0.0)
+        batches.append(float(batch))
+    if len(set(batches)) < 2:
+        return max(float(np.mean(rest)), 0.0), 0.0
+    A, y = np.array([[1.0, b] for b in batches]), np.array(rest)
+    a, c = _nonneg_lstsq(A, y)
+    return float(a), float(c)
 
 
 def _nonneg_lstsq(A: np.ndarray, y: np.ndarray) -> np.ndarray:

@@ -37,7 +37,9 @@ class Efficiency:
     dispatch); attn: the attention kernel vs its roofline. overhead_s per forward, layer_s per layer: fixed
     DEVICE time (kernel latencies); host_s per forward + host_layer_s per MoE layer: the host's time to issue
     the eager forward (Python + launches, what CUDA graphs remove), which overlaps the device time, so a forward
-    takes max(host, device); draft_overhead_s the drafter forward's fixed time."""
+    takes max(host, device); draft_overhead_s + draft_request_s * batch: the speculative step's fixed time
+    outside verify beyond the drafter's modeled work, the build and accept + compact (eager: launches, and
+    host work per request)."""
     gemm: float
     moe: float
     attn: float
@@ -47,6 +49,7 @@ class Efficiency:
     label: str = ""
     host_s: float = 0.0
     host_layer_s: float = 0.0
+    draft_request_s: float = 0.0
 
 
 # Today's engine before any fit: attention at 50 % (the kdbench kernel, device/h200_facts.md), the rest fitted.
@@ -213,7 +216,8 @@ def default_drafter(cfg: ModelConfig, depth: int = 15) -> DrafterConfig:
 
 
 def draft_time(dc: DrafterConfig, cs: CostSetting, batch: int) -> float:
-    return cs.eff.draft_overhead_s + work_time(drafter_floors(dc, cs.cfg, batch, cs.ctx, cs.hw), cs.eff)
+    return (cs.eff.draft_overhead_s + cs.eff.draft_request_s * batch
+            + work_time(drafter_floors(dc, cs.cfg, batch, cs.ctx, cs.hw), cs.eff))
 
 
 @dataclass(frozen=True)

@@ -84,7 +84,7 @@ def report(ms, attn: str, out: Path) -> None:
                      f"device overhead {eff.overhead_s * 1e3:.3f} ms, host {eff.host_s * 1e3:.3f} ms", "", "In sample:", "", costfit.markdown(ins), "",
                      "Leave one out:", "", costfit.markdown(loo), ""] + (
                      ["Live step outside verify (sets the drafter's fixed time "
-                      f"{eff.draft_overhead_s * 1e3:.2f} ms):", ""] + step_text + [""] if steps else [])
+                      f"{eff.draft_overhead_s * 1e3:.2f} ms + {eff.draft_request_s * 1e6:.0f} us per request):", ""] + step_text + [""] if steps else [])
     summary["all_models"] = {"in_sample": costfit.summary(all_ins), "leave_one_out": costfit.summary(all_loo)}
     sections = [f"All {len(all_loo)} cells, each model fitted to its own cells: in sample median |error| "
                 f"{summary['all_models']['in_sample']['median_abs_error'] * 100:.1f} %, worst "
