@@ -15,6 +15,7 @@ from markupsafe import Markup, escape
 from kdbench import paired, report_header, report_plots, tolerances
 from kdbench import report_tables as tables
 from kdbench.parallel.report_section import topology_section
+from kdbench.replay_section import replay_section
 from kdbench.report_tables import missing as _missing
 from kdbench.errors import DamagedRun
 from kdbench.results import Record, atomic_write_text, load_meta, load_records
@@ -165,6 +166,8 @@ def sections(records: list[Record], best: dict, peers: dict, tols: dict | None =
             out.append(generation_section(kind, recs))
         elif kind == "topology":
             out.append(topology_section(recs))
+        elif kind == "replay":
+            out.append(replay_section(recs))
         else:
             rows = [tables.row(r) for r in recs]
             out.append({"type": "generic", "title": kind, **tables.layout(tables.GENERIC_COLUMNS, rows),

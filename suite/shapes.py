@@ -245,7 +245,7 @@ class ReplayShape:
     quality: float = 0.8             # synthetic drafters: probability mass on the true token
     prompts: int = 4
     prompt_len: int = 16
-    category: Literal["random", "repetitive"] = "random"
+    category: Literal["random", "repetitive", "code", "prose", "structured", "mixed"] = "random"  # text: drafter pair
     rounds: int = 31                 # rounds recorded per prompt (max_new_tokens = rounds + 1)
     k: int = 64                      # top-K recorded per depth (>= the largest budget replayed)
     policy: Literal["chain", "ddtree", "ddtree_width_capped", "static_kary", "adaptive"] = "ddtree"
@@ -254,7 +254,7 @@ class ReplayShape:
     branching: tuple[int, ...] = (4, 2, 1)  # static_kary
     row_cost: float = -1.0           # adaptive: one tree row's cost over a root-only step; < 0 = from the cost model
     batch: int = 1                   # batch size of the modeled step time
-    cost_model: str = "kimi-k2-slice-2"  # preset whose step time is modeled
+    cost_model: str = "kimi-k2-slice-2"  # preset whose step time is modeled (fit: suite/data/cost_fit_h200.json)
     ctx: int = 1024                  # committed context of the modeled step
     check_live: bool = False         # also run generate() live and require equal tau round by round
 
@@ -269,6 +269,14 @@ class ReplayShape:
                 return key, f"got {cfgs[key].n_layers} layers, expected at most {MAX_LAYERS} (the full model)"
         if not 0.0 < self.quality <= 1.0:
             return "quality", f"got {self.quality}, expected a probability in (0, 1]"
+        if self.drafter == "pair" and self.model != PAIR_MODEL:
+            return "model", f"got {self.model!r} with drafter 'pair'; expected {PAIR_MODEL} (the trained pair's target)"
+        if self.category in TEXT_CATEGORIES + ("mixed",) and self.drafter != "pair":
+            return "category", f"got {self.category!r} with drafter {self.drafter!r}; the text prompt sets need drafter pair"
+        if self.category in TEXT_CATEGORIES + ("mixed",) and (self.prompts > PAIR_PROMPTS
+                                                             or self.prompt_len > PAIR_PROMPT_LEN):
+            return "prompts", (f"got {self.prompts} x {self.prompt_len} tokens, expected at most {PAIR_PROMPTS} prompts "
+                               f"of {PAIR_PROMPT_LEN} per text category")
         if self.k < max(self.budget, 1) and self.policy in ("ddtree", "adaptive"):
             return "k", f"got {self.k}, expected >= budget {self.budget} (the trace must hold top-budget drafts)"
         need = self.prompt_len + self.rounds + 3 * (REPLAY_DEPTH + 1)   # + the continuation's tail and one tree

@@ -40,6 +40,34 @@ def gen_rec(kind: str, policy: str, budget: int, tau: float) -> Record:
                          "stage_s": {"draft": 0.001, "tree_build": 0.0004, "verify": 0.003, "accept": 0.0001}})
 
 
+FIT = "reports/h200/x/costmodel_measurements.jsonl (measured 2026-12-01 on NVIDIA H200, eager, commit abc)"
+
+
+def replay_rec(policy: str, budget: int, batch: int, tau: float, step_s: float) -> Record:
+    """A replay row: tau replayed, the rest MODELED (what kinds/replay.py writes)."""
+    ar = 0.006
+    return Record("replay", "replay", f"budgets[policy={policy},budget={budget},batch={batch}]", "", "torch",
+                  "float32", "cpu", policy=f"{policy}(B={budget})",
+                  shape=json.dumps({"policy": policy, "budget": budget, "batch": batch}), status="info", tau=tau,
+                  extra={"modeled": True, "modeled_step_s": step_s, "modeled_verify_s": 0.8 * step_s,
+                         "modeled_ar_step_s": ar, "modeled_tokens_per_s": batch * tau / step_s,
+                         "modeled_speedup": tau * ar / step_s, "experts_per_layer": 40.0 + budget,
+                         "verify_gb": 1.0 + budget / 100, "batch": batch, "budget": budget, "mean_rows": budget + 1.0,
+                         "cost_model": "kimi-k2-slice-4, ctx 1024", "cost_fit": f"fit: {FIT}",
+                         "drafter": "trained(L=15,layers=2)"})
+
+
+def replay_run() -> list[Record]:
+    """ddtree at batch 1 peaks at budget 64 (tau grows, the step grows slower until 64), at batch 8 at 16; chain
+    (tau capped at 1.8) at the cheapest step, 16."""
+    out = []
+    for batch, steps in ((1, (0.010, 0.011, 0.020)), (8, (0.012, 0.020, 0.060))):
+        for budget, tau, step in zip((16, 64, 256), (2.0, 3.0, 3.2), steps):
+            out.append(replay_rec("ddtree", budget, batch, tau, step))
+            out.append(replay_rec("chain", budget, batch, min(tau, 1.8), step))
+    return out
+
+
 def write_run(path, records, meta=None, torn: str = ""):
     w = RunWriter(path)
     for r in records:
@@ -58,7 +86,7 @@ def full_run(tmp_path):
     recs.append(kernel_rec("failing", "cuda", 8, 1e-4, status="fail", reason="outside tolerance: (0, 3) x"))
     recs.append(kernel_rec("evil", "torch", 8, 1e-4, scenario=EVIL))
     recs += [gen_rec("acceptance", p, b, t) for p in ("ddtree", "chain") for b, t in ((16, 3.0), (64, 4.1))]
-    recs += [gen_rec("e2e", "ddtree", 64, 4.0)]
+    recs += [gen_rec("e2e", "ddtree", 64, 4.0)] + replay_run()
     meta = {"status": "finished", "started_at": "2026-11-29T10:00:00", "command": "kdbench run x.yaml",
             "fingerprint": {"hostname": "h200-box", "gpus": [{"index": 0, "name": "NVIDIA H200"}],
                             "topology": [], "topology_reason": "1 GPU(s): no pairs", "git": {"sha": "abc"}},
@@ -83,6 +111,21 @@ def test_full_report_renders_every_section(full_html):
     assert "<td class=\"num st-fail\">1</td>" in html                                   # verdict counts
     # GB/s = bytes_moved / median / 1e9 = (4e9 * m) / m / 1e9 = 4; TFLOP/s = (2e14 * m) / m / 1e12 = 200
     assert "<td class=\"num\">4</td>" in html and "<td class=\"num\">200</td>" in html
+
+
+def test_the_replay_section_shows_modeled_numbers_and_the_best_budget(full_html):
+    """Issue 13 item 3: replay rows with their MODELED step, tokens/s, speedup, experts and bytes, the fit used
+    (file, date, GPU), the best budget per batch (the highest modeled tokens/s) and tokens/s vs budget."""
+    from kdbench.replay_section import best_rows
+    html = full_html
+    for text in ("replay (step times MODELED)", "step (MODELED)", "tokens/s (MODELED)", "speedup vs AR (MODELED)",
+                 "experts / MoE layer (MODELED)", "verify GB (MODELED)", "best budget per batch size",
+                 "tokens/s vs tree budget, MODELED", "measured 2026-12-01 on NVIDIA H200, eager"):
+        assert text in html, text
+    best = {(r[2], r[3]): r[4] for r in best_rows(replay_run())}
+    assert best == {("ddtree", "1"): "64", ("ddtree", "8"): "16", ("chain", "1"): "16", ("chain", "8"): "16"}
+    row = next(r for r in best_rows(replay_run()) if r[2] == "ddtree" and r[3] == "1")
+    assert row[7] == "11.00 ms" and row[9] == f"{3.0 / 0.011:.0f}" and row[10] == f"{3.0 * 0.006 / 0.011:.2f}x"
 
 
 def test_markup_in_names_is_escaped(full_html):

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from kdbench import config
+from kdbench import config, costfit
 from kdbench import replay as rp
 from kdbench import trace as tr
 from kdbench.backends.adaptive import best_size
@@ -214,6 +214,10 @@ def test_replay_kind_runs_the_committed_scenario(tmp_path):
     assert all(r.family == "" for r in recs)      # family is a kernel family only (issue 10)
     assert all(r.extra["modeled"] and r.extra["modeled_speedup"] > 0 and r.extra["experts_per_layer"] > 0
                and r.extra["modeled_tokens_per_s"] > 0 for r in recs)
+    fit = costfit.shipped()
+    assert all(r.extra["cost_fit"] == f"fit: {fit.label()}" and "NVIDIA H200" in r.extra["cost_fit"] for r in recs)
+    assert all(r.extra["modeled_verify_s"] + r.extra["modeled_outside_verify_s"] == pytest.approx(
+        r.extra["modeled_step_s"]) for r in recs)
     # modeled numbers never sit in the measured columns of results.csv
     assert all(math.isnan(r.tokens_per_s) and math.isnan(r.predicted_speedup) for r in recs)
 
@@ -224,6 +228,9 @@ def test_replay_kind_runs_the_committed_scenario(tmp_path):
     ("{rounds: 5000}", "exceeds tiny's max_seq_len"),
     ("{cost_model: nope}", "expected a model preset"),
     ("{row_cost: .inf}", "row_cost"),
+    ("{drafter: pair}", "expected kdbench-pair"),
+    ("{drafter: keyed, category: code}", "text prompt sets need drafter pair"),
+    ("{model: kdbench-pair, drafter: pair, category: prose, prompts: 40}", "at most 32 prompts"),
 ])
 def test_replay_shape_rejects_bad_input(tmp_path, shape, message):
     from kdbench import config

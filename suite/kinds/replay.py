@@ -47,7 +47,7 @@ def make_trace(s, scenario: str, device: str, batch: int = 8, seed: int = 0, ctx
         drafter = BlockDrafter.random(model, seed) if s.drafter == "block" else None
     prompts = gen.prompts(case, model.cfg.vocab_size)
     drafter_for = (lambda first, last: drafter) if drafter is not None else _keyed(s, model, prompts, seed, device)
-    trace = tr.record(model, prompts, s.rounds, s.k, drafter_for, batch=batch, categories=[s.category] * len(prompts),
+    trace = tr.record(model, prompts, s.rounds, s.k, drafter_for, batch=batch, categories=gen.prompt_categories(shape),
                       meta={"prompt_set": f"{s.category} x {s.prompts}, len {s.prompt_len}", "seed": seed,
                             "scenario": scenario})
     return trace, drafter_for, model, prompts
