@@ -20,11 +20,14 @@ def add_commands(sub) -> None:
     t.add_argument("--drafter", default="keyed", choices=["keyed", "block", "pair", "synthetic-only"],
                    help="keyed: the position-keyed synthetic drafter on the target's continuation; block: the "
                         "block drafter (random weights); pair: the trained pair (kdbench.pair; --model "
-                        "ignored); synthetic-only: no target, random continuations")
+                        "is kdbench-pair); synthetic-only: no target, random continuations")
     t.add_argument("--quality", type=float, default=0.8, help="synthetic drafters: mass on the true token")
     t.add_argument("--prompts", type=int, default=8)
     t.add_argument("--prompt-len", type=int, default=32)
-    t.add_argument("--category", default="random", choices=["random", "repetitive"])
+    t.add_argument("--category", default="random",
+                   choices=["random", "repetitive", "code", "prose", "structured", "mixed"],
+                   help="prompt kind; code / prose / structured / mixed (--prompts of each): the trained pair's "
+                        "held-out text prompts (--drafter pair)")
     t.add_argument("--rounds", type=int, default=63, help="rounds per prompt (replays up to rounds + 1 tokens)")
     t.add_argument("--k", type=int, default=256, help="top-K kept per depth (the largest budget replayed)")
     t.add_argument("--batch", type=int, default=8)
@@ -109,7 +112,8 @@ def _synthetic(args):
 def _record(args):
     from kdbench.kinds.replay import make_trace
     from kdbench.shapes import ReplayShape
-    shape = ReplayShape(model=args.model, drafter=args.drafter, quality=args.quality, prompts=args.prompts,
+    model = "kdbench-pair" if args.drafter == "pair" else args.model
+    shape = ReplayShape(model=model, drafter=args.drafter, quality=args.quality, prompts=args.prompts,
                         prompt_len=args.prompt_len, category=args.category, rounds=args.rounds, k=args.k,
                         budget=min(args.k, 1024))
     bad = shape.validate()
