@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
-# Issue 13 in one GPU call (~3-4 min on one H200): measure the cost model's cells (kimi-k2-slice-2 and slice-4,
+# Issue 13 in one GPU call (~3-4 min on one H200; session 2 used reports/h200/2026-12-01-s2/replay/replay.steps instead): measure the cost model's cells (kimi-k2-slice-2 and slice-4,
 # batch 1/8/32, budget 0/16/64/256 chains, router experts), then the best budget per batch size from a
 # synthetic trace (three drafter qualities) with step times modeled from THESE measurements, then (if under
 # LIVE_CHECK_BEFORE_S) the live check: generate() at the predicted best DDTree budget and its neighbours.
 # Usage (repo root, kdbench installed): bash reports/h200/replay_findings.sh OUT_DIR
 # Leaves 4 files in OUT_DIR: costmodel_measurements.jsonl, findings.md, findings.html, replay_log.txt.
 # A CPU dry run of the plumbing: MODELS=tiny,tiny-groups DEVICE=cpu ROUNDS=15 MEASURE_ARGS="--ctx 16 --repeat 1"
-#   LIVE_MODEL=tiny LIVE_BATCH=3 LIVE_ARGS="--rounds 15 --prompt-len 8" bash reports/h200/replay_findings.sh /tmp/o
+#   LIVE_MODEL=tiny LIVE_BATCHES=1,3 LIVE_ARGS="--rounds 15 --prompt-len 8" bash reports/h200/replay_findings.sh /tmp/o
 set -o pipefail
-MODELS=${MODELS:-kimi-k2-slice-2,kimi-k2-slice-4}
+MODELS=${MODELS:-kimi-k2-slice-2,kimi-k2-slice-4,kdbench-pair}
 DEVICE=${DEVICE:-cuda}
 ROUNDS=${ROUNDS:-127}
 OUT=${1:?usage: replay_findings.sh OUT_DIR}
@@ -23,7 +23,7 @@ mkdir -p "$OUT"
       --budgets 4,8,16,32,64,128,256 --out "$TMP/replay" &&
   if [ "$SECONDS" -lt "${LIVE_CHECK_BEFORE_S:-170}" ]; then
     python3 reports/h200/replay_live_check.py "$TMP/live" --measured "$TMP/cm/costmodel_measurements.jsonl" \
-        --model "${LIVE_MODEL:-kimi-k2-slice-2}" --batch "${LIVE_BATCH:-8}" $LIVE_ARGS
+        --model "${LIVE_MODEL:-kdbench-pair}" --batches "${LIVE_BATCHES:-1,8,32}" $LIVE_ARGS
   else
     echo "live check skipped: ${SECONDS} s elapsed"
   fi
@@ -31,7 +31,7 @@ mkdir -p "$OUT"
 rc=$?
 cp "$TMP/cm/costmodel_measurements.jsonl" "$OUT/" 2>/dev/null
 if [ -f "$TMP/replay/findings.md" ]; then
-  cat "$TMP/replay/findings.md" "$TMP/cm/costmodel_validation.md" "$TMP/live/live_check.md" > "$OUT/findings.md" 2>/dev/null
+  cat "$TMP/replay/findings.md" "$TMP/cm/costmodel_validation.md" "$TMP"/live/live_check_*.md > "$OUT/findings.md" 2>/dev/null
   cp "$TMP/replay/findings.html" "$OUT/"
 fi
 exit $rc
