@@ -1,6 +1,7 @@
 """Calibrating and checking the cost model (plans/0008-cost-model.md): measured forward times -> efficiencies
 (weighted linear least squares on the floors), predicted vs measured per cell, and the measured expert
-curve. Measurements are JSONL records (reports/h200/costmodel_measure.py writes them) or the built-in
+curve. Measurements are JSONL records (reports/h200/costmodel_measure.py writes them), the shipped H200 cells
+(data/cost_fit_h200.json, with their provenance: what the replay kind models with) or the older built-in
 table of device/h200_facts.md."""
 from __future__ import annotations
 
