@@ -27,7 +27,7 @@ from kdbench.model.keyed import KeyedSyntheticDrafter
 from kdbench.prompts import token_prompts
 from kdbench.references.model_config import get_preset
 
-BUDGETS = [4, 8, 16, 32, 64, 128, 256]
+BUDGETS = [4, 8, 16, 32, 64, 128, 256, 512, 1024]
 TEXT = ("code", "prose", "structured")
 
 
@@ -102,7 +102,8 @@ def check_batch(env, trace, prompts, cs, b: int) -> list[dict]:
     preds = {p.budget: p for p in bb.sweep(trace, [{"kind": "ddtree"}], budgets, [b], cs)}
     best = max(preds.values(), key=lambda p: p.tokens_per_s).budget
     i = budgets.index(best)
-    chosen = budgets[max(i - 1, 0):i + 2]
+    lo = min(max(i - 1, 0), max(len(budgets) - 3, 0))     # best + its two nearest grid budgets (both below it
+    chosen = budgets[lo:lo + 3]                           # when the best is the largest budget of the grid)
     n = trace.rounds + 1
     generate(env.model, env.drafter_for(0, b), prompts, 4, Policy("ddtree", best), backend=env.backend)  # warm-up
     ar = generate(env.model, None, prompts, n, Policy("ar"), backend=env.backend)
