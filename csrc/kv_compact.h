@@ -9,8 +9,9 @@ namespace kdb {
 
 // For k < accept_len[b]: cache[l, b, past + k, :] = cache[l, b, past + accepted[b, k], :], past = past_lens[b].
 // Needs accepted[b, :len] strictly increasing from 0 (so accepted[k] >= k): each thread then copies its
-// column slice in ascending k, and no row is written before every read of it. Rows already in place
-// (accepted[k] == k) are skipped; rows outside the cache are skipped rather than touched.
+// column slice in ascending k, and no row is written before every read of it. len = min(accept_len, width).
+// A slot is skipped when already in place (accepted[k] == k), negative, or when past < 0 or row past + k or
+// past + accepted[k] lies outside the cache (skipped rather than touched).
 struct KvCompactArgs {
   void* cache;               // [layers, B, S, D] contiguous
   int element_bytes;         // 2 (bf16) or 4 (f32)

@@ -147,6 +147,11 @@ def test_identical_exact_outputs_take_the_one_pass_path():
     want = np.array([[1.5, np.nan], [-0.0, 3.0]])
     same = compare(want.astype(np.float32), want, Tolerance(rtol=0, atol=0))
     assert same.passed and same.worst == "identical" and same.max_abs == 0 and same.pct_outside == 0
+    wider = compare(want, want.astype(np.float32), Tolerance(rtol=0, atol=0))  # float64 got, float32 reference
+    assert wider.passed and wider.worst == "identical"
+    off32 = want.astype(np.float32)
+    off32[0, 0] = 1.25
+    assert not compare(want, off32, Tolerance(rtol=0, atol=0)).passed
     off = want.copy()
     off[1, 1] = 3.5
     res = compare(off, want, Tolerance(rtol=0, atol=0))

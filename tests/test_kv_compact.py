@@ -1,6 +1,6 @@
 """GPU tests of the kv_compact CUDA kernel against kdbench.references.kv_compact.compact_kv, bit-exact:
 in place, every layer in one launch, rows past each request's tree left untouched (they hold NaN, so a
-stray read or write shows)."""
+stray read or write shows); the skip rules of csrc/kv_compact.h; graph replay."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -25,6 +25,8 @@ class Case:
     nodes: int    # N tree rows per request
     width: int    # A = max_depth + 1 accepted slots
     seed: int
+    pattern: str = "random"  # "chain": accepted[k] = k + 1 (each source is the next destination); "none"
+    misalign: int = 0        # elements the cache starts past a 16-byte boundary (narrow-vector path)
 
 
 CASES = [
@@ -33,9 +35,16 @@ CASES = [
     Case(2, 64, 576, "bfloat16", 65, 16, 3),
     Case(2, 5, 7, "float32", 30, 16, 4),           # 28-byte rows: 4-byte vectors
     Case(2, 4, 3, "bfloat16", 30, 16, 5),          # 6-byte rows: 2-byte elements
-    Case(1, 3, 64, "float32", 1100, 1025, 6),      # 1025 accepted rows: several load/store groups
+    Case(1, 3, 64, "float32", 1100, 1025, 6),      # 1025 accepted rows: 33 ballots of 32 slots
+    Case(61, 1, 576, "bfloat16", 65, 16, 7),       # batch 1
+    Case(5, 3, 576, "bfloat16", 65, 16, 8, "chain"),
+    Case(1, 2, 64, "float32", 1100, 1025, 10, "chain"),
+    Case(3, 4, 576, "bfloat16", 65, 16, 11, "none"),  # nothing moves
+    Case(3, 3, 576, "bfloat16", 65, 16, 12, misalign=1),  # 2-byte vectors, 576 per row: 3 column passes
+    Case(2, 3, 8192, "bfloat16", 40, 16, 13),      # 1024 16-byte vectors per row: 4 column passes
+    Case(7, 9, 576, "float32", 65, 16, 14),        # 144 vectors per row, 7 layers over chunks of 2
 ]
-IDS = [f"l{c.layers}-b{c.batch}-D{c.dim}-{c.dtype}-N{c.nodes}-A{c.width}" for c in CASES]
+IDS = [f"l{c.layers}-b{c.batch}-D{c.dim}-{c.dtype}-N{c.nodes}-A{c.width}-{c.pattern}-m{c.misalign}" for c in CASES]
 
 
 def _ext():
@@ -52,8 +61,11 @@ def _accepted(case: Case, rng: np.random.Generator) -> tuple[np.ndarray, np.ndar
         k = int(rng.integers(1, min(case.width, case.nodes) + 1))
         k = {0: min(case.width, case.nodes), 2: 1}.get(b, k)
         rows = np.sort(rng.choice(np.arange(1, case.nodes), size=k - 1, replace=False))
-        if b % 4 == 1:
+        if b % 4 == 1 or case.pattern == "none":
             rows = np.arange(1, k)
+        if case.pattern == "chain":
+            k = min(case.width, case.nodes - 1)
+            rows = np.arange(2, k + 1)
         acc[b, :k] = np.concatenate([[0], rows])
         lens[b] = k
     return acc, lens
@@ -70,13 +82,57 @@ def test_matches_reference(case):
     t = torch.from_numpy(cache).to(DTYPES[case.dtype])
     cache = t.double().numpy()                       # the values the kernel sees
     acc, lens = _accepted(case, rng)
-    dev = t.to(DEVICE)
-    i32 = lambda a: torch.from_numpy(a).to(DEVICE)   # noqa: E731
-    _ext().kv_compact(dev, i32(past), i32(acc), i32(lens))
+    dev = _on_device(t, case.misalign)
+    _ext().kv_compact(dev, _i32(past), _i32(acc), _i32(lens))
     got = dev.double().cpu().numpy()
     for b in range(case.batch):
         want, _ = ref.compact_kv(cache[:, b], int(past[b]), acc[b, :lens[b]])
         assert np.array_equal(got[:, b], want, equal_nan=True), f"request {b}: accepted {acc[b, :lens[b]].tolist()}"
+
+
+def _i32(a: np.ndarray) -> torch.Tensor:
+    return torch.from_numpy(a).to(DEVICE)
+
+
+def _on_device(t: torch.Tensor, misalign: int) -> torch.Tensor:
+    """A contiguous device copy of t whose data starts `misalign` elements past an aligned allocation."""
+    flat = torch.empty(t.numel() + misalign, dtype=t.dtype, device=DEVICE)
+    dev = flat[misalign:].view(t.shape)
+    dev.copy_(t.to(DEVICE))
+    return dev
+
+
+def _skipping_reference(cache: np.ndarray, past: int, acc: np.ndarray, n: int) -> np.ndarray:
+    """csrc/kv_compact.h's rule for one request [layers, S, D]: k < min(n, width) moves unless accepted[k] == k,
+    accepted[k] < 0, past < 0, or row past + k or past + accepted[k] lies outside the cache."""
+    out, seq = cache.copy(), cache.shape[1]
+    for k in range(min(n, len(acc))):
+        src = int(acc[k])
+        if src != k and src >= 0 and past >= 0 and past + src < seq and past + k < seq:
+            out[:, past + k] = cache[:, past + src]
+    return out
+
+
+def test_rows_outside_the_cache_are_skipped():
+    """Request 0's later sources lie past the cache's end, request 1 has past < 0, request 2 an accept_len
+    past the width: the kernel moves what is in range and touches nothing else."""
+    rng = np.random.default_rng(15)
+    layers, batch, seq, dim, width = 3, 4, 90, 576, 16
+    cache = rng.normal(0, 1, (layers, batch, seq, dim))
+    t = torch.from_numpy(cache).to(torch.bfloat16)
+    cache = t.double().numpy()
+    acc = np.full((batch, width), -1, dtype=np.int32)
+    for b in range(batch):
+        acc[b] = np.concatenate([[0], np.sort(rng.choice(np.arange(1, 40), size=width - 1, replace=False))])
+    past = np.array([seq - 20, -1, 7, 30], dtype=np.int32)
+    lens = np.array([width, width, width + 5, 9], dtype=np.int32)
+    dev = t.to(DEVICE)
+    _ext().kv_compact(dev, _i32(past), _i32(acc), _i32(lens))
+    got = dev.double().cpu().numpy()
+    for b in range(batch):
+        want = _skipping_reference(cache[:, b], int(past[b]), acc[b], int(lens[b]))
+        assert np.array_equal(got[:, b], want), f"request {b}: past {past[b]}, accepted {acc[b].tolist()}"
+    assert not np.array_equal(got[:, 0], cache[:, 0]), "request 0 has moves in range: something must move"
 
 
 def test_bad_inputs_name_the_argument():
