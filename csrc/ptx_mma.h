@@ -23,22 +23,6 @@ __device__ __forceinline__ void cp_async_16(uint32_t dst, const void* src, bool 
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
-// Waits until at most n (0..8) of this thread's cp.async groups are pending; n must fold to a constant.
-__device__ __forceinline__ void cp_async_wait_upto(int n) {
-  switch (n) {
-#define KDB_CP_WAIT(N) case N: asm volatile("cp.async.wait_group " #N ";\n" ::: "memory"); break;
-    KDB_CP_WAIT(8) KDB_CP_WAIT(7) KDB_CP_WAIT(6) KDB_CP_WAIT(5) KDB_CP_WAIT(4) KDB_CP_WAIT(3) KDB_CP_WAIT(2)
-    KDB_CP_WAIT(1)
-#undef KDB_CP_WAIT
-    default: asm volatile("cp.async.wait_group 0;\n" ::: "memory"); break;
-  }
-}
-// Hint: pull `bytes` (a multiple of 16, 16-byte aligned) from global memory into L2 (sm_90+), no smem, no wait.
-__device__ __forceinline__ void prefetch_l2_bulk(const void* src, uint32_t bytes) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(src), "r"(bytes) : "memory");
-#endif
-}
 __device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], uint32_t addr) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));

@@ -15,47 +15,16 @@ constexpr int kBarReady = 5;   // + tile parity: P_i in smem and m_i in s_max, p
 constexpr int kBarFree = 7;    // + buffer: the non-owner finished its PV on the buffer's tile (buffer may refill)
 constexpr int kBarLoaded = 9;  // + warpgroup (128 threads): the warpgroup's own cp.async tile landed
 
-// Refill of the warpgroup's own buffer with tile t (128 threads): one cp.async group per 64-column block, so QK
-// starts on block 0 while later blocks land; then an L2 prefetch of the warpgroup's next tile t + 2 (rows below
-// row_end only), so that refill reads L2 instead of waiting on HBM.
-__device__ __forceinline__ void pp_refill(uint32_t dst, const __nv_bfloat16* kv, int t, int kv_end, int row_end,
-                                          int tid) {
-  const int c8 = tid & 7, r = tid >> 3;  // 16 rows x 8 chunks per pass, 4 passes per block
-  const uint32_t d = dst + tile_off(r, c8);
-#pragma unroll
-  for (int j = 0; j < kChunks / 8; ++j) {
-#pragma unroll
-    for (int k = 0; k < 4; ++k) {
-      const int row = t * kBlockN + r + 16 * k;
-      const bool valid = row < kv_end;
-      cp_async_16(d + 16 * 128 * k + kColBlockBytes * j, kv + static_cast<size_t>(valid ? row : 0) * kTvmDimQK + 8 * c8 + 64 * j, valid);
-    }
-    cp_async_commit();
-  }
-  const int next = (t + 2) * kBlockN + tid;
-  if (tid < kBlockN && next < row_end) prefetch_l2_bulk(kv + static_cast<size_t>(next) * kTvmDimQK, kTvmDimQK * 2);
-}
-
-// S[64 x 64] = Q[64 x 576] . K[64 tokens x 576]^T for one warpgroup; issued and committed, not waited for. A
-// refilled tile (staged = false) is waited for block by block: its 9 cp.async groups land in order.
-__device__ __forceinline__ void pp_qk_issue(float (&s)[8][4], uint32_t q_tile, uint32_t k_tile, bool staged, int wg) {
+// S[64 x 64] = Q[64 x 576] . K[64 tokens x 576]^T for one warpgroup; issued and committed, not waited for.
+__device__ __forceinline__ void pp_qk_issue(float (&s)[8][4], uint32_t q_tile, uint32_t k_tile) {
   const uint64_t da = wgmma_desc(q_tile, 16, 1024), db = wgmma_desc(k_tile, 16, 1024);
 #pragma unroll
   for (int j = 0; j < 8; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;  // defined input to the asm
   wgmma_fence();
 #pragma unroll
-  for (int kb = 0; kb < kChunks / 8; ++kb) {
-    if (!staged) {
-      cp_async_wait_upto(kChunks / 8 - 1 - kb);
-      fence_proxy_async_smem();  // cp.async wrote through the generic proxy
-      named_sync(kBarLoaded + wg, 128);
-    }
-#pragma unroll
-    for (int k4 = 0; k4 < 4; ++k4) {
-      const int kk = 4 * kb + k4;
-      const uint64_t step = (kColBlockBytes * kb + 32 * k4) >> 4;  // 16-byte address units
-      wgmma_m64n64k16_ss(s, da + step, db + step, kk > 0);
-    }
+  for (int kk = 0; kk < kTvmDimQK / 16; ++kk) {
+    const uint64_t step = (kColBlockBytes * (kk >> 2) + 32 * (kk & 3)) >> 4;  // 16-byte address units
+    wgmma_m64n64k16_ss(s, da + step, db + step, kk > 0);
   }
   wgmma_commit();
 }
@@ -165,7 +134,7 @@ __device__ __forceinline__ void pp_softmax_publish(float (&s)[8][4], float (&acc
 
 // Grid (row tiles, splits, batch), 256 threads, one CTA per SM. Warpgroup wg owns local tiles i = wg, wg + 2, ...
 // in KV buffer wg; tiles 0 and 1 load in the prologue, later ones by their owner once the other warpgroup frees
-// the buffer (block-wise, so QK overlaps the copy; tile i + 2 is prefetched into L2 meanwhile). Per own tile: [free + load] [remote tile i-1: O += P_{i-1} V] [QK_i] [softmax, publish] [O += P_i V].
+// the buffer. Per own tile: [free + load] [remote tile i-1: O += P_{i-1} V] [QK_i] [softmax, publish] [O += P_i V].
 template <bool kSplit>
 __global__ void __launch_bounds__(kThreads, 1) tree_verify_mla_pingpong_kernel(const Params p) {
   extern __shared__ __align__(1024) uint8_t smem_raw[];
@@ -180,14 +149,11 @@ __global__ void __launch_bounds__(kThreads, 1) tree_verify_mla_pingpong_kernel(c
   const int n = static_cast<int>(static_cast<int64_t>(n_tiles) * (split + 1) / p.num_splits) - t_begin;
   const __nv_bfloat16* kv = p.kv + static_cast<size_t>(b) * p.cache_len * kTvmDimQK;
   const uint32_t s_base = smem_addr(smem), own_buf = s_base + kOffKv + wg * kTileBytes;
-  const int row_end = min(kv_end, (t_begin + n) * kBlockN);  // this split's last cache row + 1 (prefetch bound)
   if (n > 0) {
     load_tile<kThreads>(s_base, p.q + static_cast<size_t>(b) * rows * kTvmDimQK, m0, rows, threadIdx.x);
     for (int i = 0; i < min(n, 2); ++i)
       load_tile<kThreads>(s_base + kOffKv + i * kTileBytes, kv, (t_begin + i) * kBlockN, kv_end, threadIdx.x);
     cp_async_commit();
-    const int next = (t_begin + 2) * kBlockN + threadIdx.x;  // L2 prefetch of tiles 2 and 3 (first refills)
-    if (threadIdx.x < 2 * kBlockN && next < row_end) prefetch_l2_bulk(kv + static_cast<size_t>(next) * kTvmDimQK, kTvmDimQK * 2);
     cp_async_wait_all();
     fence_proxy_async_smem();
   }
@@ -208,11 +174,17 @@ __global__ void __launch_bounds__(kThreads, 1) tree_verify_mla_pingpong_kernel(c
       named_sync(kBarFree + wg, 2 * 128);
       wgmma_wait<0>();
       pp_fence_regs(acc, pa);
-      pp_refill(own_buf, kv, t, kv_end, row_end, threadIdx.x & 127);
+      load_tile<128>(own_buf, kv, t * kBlockN, kv_end, threadIdx.x & 127);
+      cp_async_commit();
     }
     if (i >= 1) pp_take_remote(acc, pa, st, smem, s_base, i - 1, wg, row);
+    if (i >= 2) {
+      cp_async_wait_all();
+      fence_proxy_async_smem();  // cp.async wrote through the generic proxy
+      named_sync(kBarLoaded + wg, 128);
+    }
     float s[8][4];
-    pp_qk_issue(s, s_base, own_buf, i < 2, wg);
+    pp_qk_issue(s, s_base, own_buf);
     if (i >= 1) {
       wgmma_wait<1>();  // the remote PV (issued first) is done: its buffer may refill
       if (i + 1 < n) named_arrive(kBarFree + (wg ^ 1), 2 * 128);
