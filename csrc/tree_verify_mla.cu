@@ -1,92 +1,20 @@
 // tree_verify_mla: absorbed MLA attention under a tree ancestor mask, bf16 tensor cores, fp32 softmax.
 // One CTA = 64 query rows (row = node * H + head) x one KV split; each 64-token x 576 KV tile is loaded once
-// into shared memory and read both as K (576 columns) and V (first 512). Two MMA paths over one smem layout:
-// wgmma (sm_90a, two warpgroups) and mma.sync (sm_80+ instructions, eight warps); both need 231,424 B of
-// shared memory per block (H100/H200 class). Design: plans/0004-kernels.md.
+// into shared memory and read both as K (576 columns) and V (first 512). Three MMA paths over one smem layout:
+// wgmma ping-pong (sm_90a, the default there: tree_verify_mla_pingpong.h), wgmma lock-step (sm_90a, v2) and
+// mma.sync (sm_80+ instructions, eight warps); all need 231,424 B of shared memory per block (H100/H200
+// class). Shared helpers: tree_verify_mla_tile.h. Design: plans/0004-kernels.md.
 #include "tree_verify_mla.h"
 
 #include "ptx_mma.h"
+#include "tree_verify_mla_pingpong.h"
+#include "tree_verify_mla_tile.h"
 
 #include <algorithm>
 #include <cmath>
 
 namespace kdb {
-namespace {
-
-constexpr int kBlockM = 64;                     // query rows per CTA (4 row groups of 16)
-constexpr int kBlockN = 64;                     // KV tokens per tile
-constexpr int kThreads = 256;                   // 8 warps = 2 warpgroups; see Roles
-constexpr int kChunks = kTvmDimQK * 2 / 16;     // 72 16-byte chunks per bf16 row of Q or KV
-constexpr int kColBlockBytes = kBlockM * 128;   // 8,192 B: 64 rows x 64 columns (one 128-byte swizzle block)
-constexpr int kTileBytes = (kChunks / 8) * kColBlockBytes;  // 73,728 B: Q tile and each KV stage (9 blocks)
-constexpr int kOffKv = kTileBytes;              // smem map: Q | KV stage 0 | KV stage 1 | P | max[2][64] | sum[2][64]
-constexpr int kOffP = 3 * kTileBytes;           // P: 64 rows x 64 tokens bf16 = one column block
-constexpr int kOffMax = kOffP + kColBlockBytes;
-constexpr int kOffSum = kOffMax + 2 * kBlockM * 4;
-constexpr int kSmemUsed = kOffSum + 2 * kBlockM * 4;  // 230,400 B
-constexpr int kSmemBytes = kSmemUsed + 1024;    // + slack to align the base to the 1024-byte swizzle atom
-                                                // (231,424 B; H100/H200 allow 232,448 per block)
-constexpr int kMaxSplits = 64;
-constexpr int kSplitOverheadTiles = 2;          // cost of one extra split in KV-tile units (Q load, epilogue, combine)
-constexpr float kLn2 = 0.693147180559945309f;
-static_assert(kBlockM == kBlockN, "Q tile and KV stages share one size");
-static_assert(kChunks % 8 == 0, "rows split into whole 64-column blocks");
-static_assert(kOffKv % 1024 == 0 && kOffP % 1024 == 0, "wgmma swizzle atoms need 1024-byte aligned tiles");
-
-struct Params {
-  const __nv_bfloat16* q;
-  const __nv_bfloat16* kv;
-  const int32_t* past_lens;
-  const uint64_t* anc;
-  __nv_bfloat16* o_lat;
-  float* lse;
-  float* part_o;    // [splits, B*T*H, 512] normalized partial outputs (split mode only)
-  float* part_lse;  // [splits, B*T*H] partial natural-log lse (split mode only)
-  int batch, nodes, heads, cache_len, words, num_splits;
-  float scale_log2;  // scale * log2(e): scores live in log2 units so exp2 needs no extra multiply
-};
-
-// Barrier for the two warps that own the same 16 rows (64 threads); ids 1..4, id 0 is __syncthreads.
-__device__ __forceinline__ void pair_sync(int row_group) {
-  asm volatile("bar.sync %0, 64;\n" ::"r"(row_group + 1) : "memory");
-}
-
-// Roles. Both paths split a tile's work in two column halves ch: tokens [32 ch, 32 ch + 32) for S = Q K^T and
-// dims [256 ch, 256 ch + 256) for O += P V, and hand a thread rows 16 rg + lane / 4 (+ 8) in the m16n8
-// C-fragment layout, so the softmax and the epilogue are shared. mma.sync: warp = 2 rg + ch. wgmma: warpgroup
-// ch = warp / 4, rg = warp % 4 (a warpgroup's accumulator rows are 16 per warp).
-struct Role {
-  int rg, ch, lane;
-};
-template <bool kWgmma>
-__device__ __forceinline__ Role role() {
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  return kWgmma ? Role{warp & 3, warp >> 2, lane} : Role{warp >> 1, warp & 1, lane};
-}
-
-// Shared-memory layout of a 64-row tile (Q, each KV stage, P): 64-column blocks of 64 rows x 128 B, block-major;
-// 16-byte chunk c of row r sits in block c / 8 at chunk (c % 8) ^ (r % 8). This is wgmma's 128-byte swizzle
-// (atoms of 8 rows x 128 B), and for ldmatrix the 8 rows of one phase hit 8 different bank groups.
-__device__ __forceinline__ uint32_t tile_off(int row, int chunk) {
-  return (chunk >> 3) * kColBlockBytes + row * 128 + (((chunk & 7) ^ (row & 7)) << 4);
-}
-
-// Copies rows [row0, row0 + 64) of a row-major [*, 576] bf16 matrix into a tile; rows >= row_end are
-// zero-filled, so NaN in unused cache slots cannot enter the PV product. Thread layout per pass: 32 rows x 8
-// chunks (a warp reads 4 rows x 128 contiguous bytes); 2 passes x 9 blocks, each at one base + immediates.
-__device__ __forceinline__ void load_tile(uint32_t dst, const __nv_bfloat16* src, int row0, int row_end) {
-  static_assert(kThreads == 256 && kChunks == 72 && kBlockM == 64, "thread layout assumes 256 x (64 x 72)");
-  const int c8 = threadIdx.x & 7, r = threadIdx.x >> 3;
-  const uint32_t d = dst + tile_off(r, c8);
-#pragma unroll
-  for (int k = 0; k < 2; ++k) {
-    const int row = row0 + r + 32 * k;
-    const bool valid = row < row_end;
-    const __nv_bfloat16* g = src + static_cast<size_t>(valid ? row : 0) * kTvmDimQK + 8 * c8;
-#pragma unroll
-    for (int j = 0; j < kChunks / 8; ++j) cp_async_16(d + 32 * 128 * k + kColBlockBytes * j, g + 64 * j, valid);
-  }
-}
+namespace tvm {
 
 // ---- mma.sync path ----
 // Per-lane ldmatrix offsets: off[i] = tile_off(row, 2 i + hi); chunk 8 k + 2 i + hi of the same row is at
@@ -174,31 +102,6 @@ __device__ __forceinline__ void pv_tile_wgmma(float (&acc)[32][4], uint32_t p_ti
   for (int j = 0; j < 32; ++j) reg_fence(acc[j][0]), reg_fence(acc[j][1]), reg_fence(acc[j][2]), reg_fence(acc[j][3]);
 }
 
-// Visibility of the 64 columns of a tile for one node: bit t <=> cache row past_len + j0 + t is visible,
-// where j0 = tile_start - past_len > -64 (only tiles reaching the tree call this). Prefix columns
-// (j0 + t < 0) are visible; tree column j = j0 + t is visible iff j < T and bit j of the node's anc row.
-__device__ __forceinline__ uint64_t tile_visibility(const uint64_t* anc_row, int words, int nodes, int j0) {
-  if (anc_row == nullptr) return 0;  // row past the end of the request (partial last M-tile)
-  uint64_t prefix = 0, tree;
-  if (j0 < 0) {
-    prefix = (1ull << -j0) - 1;  // -j0 in [1, 63]
-    tree = anc_row[0] << -j0;
-  } else {
-    const int w = j0 >> 6, sh = j0 & 63;
-    const uint64_t lo = w < words ? anc_row[w] : 0, hi = w + 1 < words ? anc_row[w + 1] : 0;
-    tree = sh == 0 ? lo : (lo >> sh) | (hi << (64 - sh));
-  }
-  const int n_tree = nodes - j0;  // tile-local columns t < n_tree are inside [past_len, past_len + T)
-  if (n_tree < 64) tree &= n_tree <= 0 ? 0 : (1ull << n_tree) - 1;
-  return prefix | tree;
-}
-
-// Running softmax state for the two rows a lane owns (h = 0: row g, h = 1: row g + 8 of the warp's 16).
-struct RowState {
-  float m[2];  // running max of scaled scores, log2 units; -inf until a visible column is seen
-  float l[2];  // this lane's partial row sum (its 8 columns per tile), rescaled with m
-};
-
 // Online softmax for one tile: mask (tail tiles only), row max across the two column halves, rescale O,
 // write P (bf16). Ends with the barrier that publishes P to its readers: the warp pair (mma.sync reads its
 // own 16 rows) or the CTA after an async-proxy fence (each warpgroup's wgmma reads all 64 rows).
@@ -261,55 +164,6 @@ __device__ __forceinline__ void softmax_tile(float (&s)[4][4], float (&acc)[32][
   }
 }
 
-// True unless all anc words of the node are zero (a padding node sees nothing, prefix included).
-__device__ __forceinline__ bool node_is_real(const uint64_t* anc_row, int words) {
-  uint64_t any = 0;
-  for (int w = 0; w < words; ++w) any |= anc_row[w];
-  return any != 0;
-}
-
-// Finishes the row sums across the lane quad and the warp pair, then writes O and lse (bf16 output and
-// final lse, or fp32 partials for the combine kernel in split mode).
-template <bool kSplit>
-__device__ __forceinline__ void epilogue(const Params& p, float (&acc)[32][4], RowState& st, uint8_t* smem,
-                                         int b, int split, int m0, Role w) {
-  float* red_sum = reinterpret_cast<float*>(smem + kOffSum);
-  const int g = w.lane >> 2, c = w.lane & 3, rows = p.nodes * p.heads, rg = w.rg, ch = w.ch;
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    st.l[h] += __shfl_xor_sync(0xffffffffu, st.l[h], 1);
-    st.l[h] += __shfl_xor_sync(0xffffffffu, st.l[h], 2);
-    if (c == 0) red_sum[ch * kBlockM + 16 * rg + g + 8 * h] = st.l[h];
-  }
-  pair_sync(rg);
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const int row = m0 + 16 * rg + g + 8 * h;  // row within the request: node * H + head
-    if (row >= rows) continue;
-    const float l = st.l[h] + red_sum[(ch ^ 1) * kBlockM + 16 * rg + g + 8 * h];
-    const int node = row / p.heads;
-    const bool seen = l > 0.f && node_is_real(p.anc + (static_cast<size_t>(b) * p.nodes + node) * p.words, p.words);
-    const float inv_l = seen ? 1.f / l : 0.f;
-    const float lse = seen ? st.m[h] * kLn2 + logf(l) : -INFINITY;
-    const size_t grow = static_cast<size_t>(b) * rows + row;  // global row over the batch
-    if constexpr (kSplit) {
-      const size_t prow = static_cast<size_t>(split) * p.batch * rows + grow;
-      float* out = p.part_o + prow * kTvmDimV + 256 * ch + 2 * c;
-#pragma unroll
-      for (int j = 0; j < 32; ++j)
-        *reinterpret_cast<float2*>(out + 8 * j) = make_float2(acc[j][2 * h] * inv_l, acc[j][2 * h + 1] * inv_l);
-      if (ch == 0 && c == 0) p.part_lse[prow] = lse;
-    } else {
-      __nv_bfloat16* out = p.o_lat + grow * kTvmDimV + 256 * ch + 2 * c;
-#pragma unroll
-      for (int j = 0; j < 32; ++j)
-        *reinterpret_cast<__nv_bfloat162*>(out + 8 * j) =
-            __floats2bfloat162_rn(acc[j][2 * h] * inv_l, acc[j][2 * h + 1] * inv_l);
-      if (ch == 0 && c == 0) p.lse[grow] = lse;
-    }
-  }
-}
-
 // Grid (row tiles, splits, batch). Each CTA walks KV tiles [t_begin, t_end) of its split with a
 // two-stage cp.async pipeline: tile t+1 loads while tile t is multiplied.
 template <bool kSplit, bool kWgmma>
@@ -328,8 +182,8 @@ __global__ void __launch_bounds__(kThreads, 1) tree_verify_mla_kernel(const Para
   const __nv_bfloat16* kv = p.kv + static_cast<size_t>(b) * p.cache_len * kTvmDimQK;
   const uint32_t s_base = smem_addr(smem);
   if (t_begin < t_end) {
-    load_tile(s_base, p.q + static_cast<size_t>(b) * rows * kTvmDimQK, m0, rows);  // Q rows >= rows: zeros
-    load_tile(s_base + kOffKv, kv, t_begin * kBlockN, kv_end);
+    load_tile<kThreads>(s_base, p.q + static_cast<size_t>(b) * rows * kTvmDimQK, m0, rows, threadIdx.x);  // Q rows >= rows: zeros
+    load_tile<kThreads>(s_base + kOffKv, kv, t_begin * kBlockN, kv_end, threadIdx.x);
     cp_async_commit();
   }
   const uint64_t* anc_row[2];  // per owned row; null past the end of the request
@@ -348,7 +202,8 @@ __global__ void __launch_bounds__(kThreads, 1) tree_verify_mla_kernel(const Para
     __syncthreads();  // tile t visible to all; every warp is done with tile t-1, so its stage can refill
     const uint32_t kv_tile = s_base + kOffKv + ((t - t_begin) & 1) * kTileBytes;
     if (t + 1 < t_end) {
-      load_tile(s_base + kOffKv + ((t + 1 - t_begin) & 1) * kTileBytes, kv, (t + 1) * kBlockN, kv_end);
+      load_tile<kThreads>(s_base + kOffKv + ((t + 1 - t_begin) & 1) * kTileBytes, kv, (t + 1) * kBlockN, kv_end,
+                            threadIdx.x);
       cp_async_commit();
     }
     float s[4][4];
@@ -408,7 +263,9 @@ __global__ void __launch_bounds__(256) tree_verify_mla_combine(const Params p) {
 
 int row_tiles(const TreeVerifyMlaShape& s) { return (s.nodes * s.heads + kBlockM - 1) / kBlockM; }
 
-}  // namespace
+}  // namespace tvm
+
+using namespace tvm;  // this file's own kernels and constants
 
 int tree_verify_mla_smem_bytes() { return kSmemBytes; }
 
@@ -442,8 +299,12 @@ cudaError_t tree_verify_mla_launch(const TreeVerifyMlaArgs& a, cudaStream_t stre
            s.batch, s.nodes, s.heads, s.cache_len, s.words, a.num_splits,
            static_cast<float>(a.scale * 1.4426950408889634)};
   const dim3 grid(row_tiles(s), a.num_splits, s.batch);
-  auto kernel = a.use_wgmma ? (split ? tree_verify_mla_kernel<true, true> : tree_verify_mla_kernel<false, true>)
-                            : (split ? tree_verify_mla_kernel<true, false> : tree_verify_mla_kernel<false, false>);
+  void (*kernel)(Params) = nullptr;
+  switch (a.path) {
+    case TvmPath::kPingPong: kernel = split ? tree_verify_mla_pingpong_kernel<true> : tree_verify_mla_pingpong_kernel<false>; break;
+    case TvmPath::kWgmma: kernel = split ? tree_verify_mla_kernel<true, true> : tree_verify_mla_kernel<false, true>; break;
+    default: kernel = split ? tree_verify_mla_kernel<true, false> : tree_verify_mla_kernel<false, false>; break;
+  }
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
   if (err != cudaSuccess) return err;
   kernel<<<grid, kThreads, kSmemBytes, stream>>>(p);

@@ -19,6 +19,10 @@ struct TreeVerifyMlaShape {
   int words;      // W = ceil(T / 64) ancestor words per node
 };
 
+// Which MMA path runs: the sm_90a warpgroup-MMA ping-pong (v3, the default on H100/H200), the sm_90a lock-step
+// wgmma (v2), or mma.sync (sm_80+ instructions, v1).
+enum class TvmPath { kMma = 0, kWgmma = 1, kPingPong = 2 };
+
 struct TreeVerifyMlaArgs {
   const __nv_bfloat16* q;   // [B, T, H, 576] contiguous
   const __nv_bfloat16* kv;  // [B, S, 576] contiguous; rows >= past_len + T are never read
@@ -30,7 +34,7 @@ struct TreeVerifyMlaArgs {
   TreeVerifyMlaShape shape;
   double scale;             // softmax scale applied to q . k
   int num_splits;           // from tree_verify_mla_num_splits
-  bool use_wgmma;           // the sm_90a warpgroup-MMA path (H100/H200); false: mma.sync (sm_80+ instructions)
+  TvmPath path;
 };
 
 // Dynamic shared memory one CTA of the attention kernel needs (bytes).

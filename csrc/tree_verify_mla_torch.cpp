@@ -62,17 +62,19 @@ TreeVerifyMlaShape check_shapes(const at::Tensor& q, const at::Tensor& kv, const
                             static_cast<int>(kv.size(1)), static_cast<int>(words)};
 }
 
-// "auto" takes wgmma where it exists (compute capability 9.0: the extension is built for sm_90a there).
-bool pick_wgmma(const std::string& impl, int dev) {
+// "auto" takes the wgmma ping-pong where it exists (compute capability 9.0: the extension is built for sm_90a
+// there), else mma.sync; "wgmma" is the v2 lock-step wgmma path, kept for A/B measurements.
+TvmPath pick_path(const std::string& impl, int dev) {
   int major = 0, minor = 0;
   C10_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
   C10_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
   const bool sm90 = major == 9 && minor == 0;
-  TORCH_CHECK(impl == "auto" || impl == "wgmma" || impl == "mma",
-              "tree_verify_mla: impl must be 'auto', 'wgmma' or 'mma', got '", kdb::fmt(impl), "'");
-  TORCH_CHECK(impl != "wgmma" || sm90, "tree_verify_mla: impl 'wgmma' needs compute capability 9.0 (H100/H200), got ",
-              kdb::fmt(major), ".", kdb::fmt(minor));
-  return impl == "wgmma" || (impl == "auto" && sm90);
+  TORCH_CHECK(impl == "auto" || impl == "pingpong" || impl == "wgmma" || impl == "mma",
+              "tree_verify_mla: impl must be 'auto', 'pingpong', 'wgmma' or 'mma', got '", kdb::fmt(impl), "'");
+  TORCH_CHECK(impl == "auto" || impl == "mma" || sm90, "tree_verify_mla: impl '", kdb::fmt(impl),
+              "' needs compute capability 9.0 (H100/H200), got ", kdb::fmt(major), ".", kdb::fmt(minor));
+  if (impl == "mma" || (impl == "auto" && !sm90)) return TvmPath::kMma;
+  return impl == "wgmma" ? TvmPath::kWgmma : TvmPath::kPingPong;
 }
 
 }  // namespace
@@ -110,7 +112,7 @@ std::vector<at::Tensor> tree_verify_mla(const at::Tensor& q, const at::Tensor& k
   args.shape = shape;
   args.scale = scale;
   args.num_splits = num_splits;
-  args.use_wgmma = pick_wgmma(impl, dev);
+  args.path = pick_path(impl, dev);
   const cudaError_t err = tree_verify_mla_launch(args, c10::cuda::getCurrentCUDAStream());
   TORCH_CHECK(err == cudaSuccess, "tree_verify_mla: launch failed: ", kdb::fmt(cudaGetErrorString(err)));
   return {o_lat, lse};

@@ -1,4 +1,5 @@
-"""GPU tests of the tree_verify_mla CUDA kernel, both MMA paths (wgmma on sm_90, mma.sync), against the float64
+"""GPU tests of the tree_verify_mla CUDA kernel, all three MMA paths (wgmma ping-pong and lock-step on sm_90,
+mma.sync), against the float64
 numpy reference (kdbench.references.tree_verify_mla): ragged prefixes, chain / bushy / padded trees, NaN-filled
 unused cache rows, poisoned outputs, and the argument checks of the torch glue. Skipped without a CUDA GPU."""
 from __future__ import annotations
@@ -56,6 +57,10 @@ CORRECTNESS = [
     Case(7, 64, 128, (1, 63, 4097), tree="chain", heads_checked=(0, 77, 127)),
     Case(8, 16, 8, (4097,)),                                          # batch 1, H 8, T 16: must split KV
     Case(9, 1, 64, (63, 1, 4097), tree="chain"),                      # T = 1: plain decode rows
+    # Ping-pong parity: 2, 3, 3, 4, 5 KV tiles per request (one split): each warpgroup's last own tile, the
+    # trailing remote tile and the buffer refill of tile i + 2 in every combination; padding mid-request.
+    Case(10, 65, 16, (1, 64, 127, 191, 255), pad=((3, 40),)),
+    Case(11, 17, 64, (3000,), heads_checked=(0, 31, 63)),             # ~7 splits of 6-7 tiles: odd counts
 ]
 CORNERS = [
     Case(20, 1, 8, (1,), tree="chain"),                               # boundary: budget 1, context 1
@@ -76,14 +81,14 @@ def _smem_optin() -> int:
     return int(getattr(torch.cuda.get_device_properties(0), "shared_memory_per_block_optin", 0))
 
 
-KERNEL_SMEM = 231_424   # both paths: Q + two KV stages + P + exchange + 1 KB alignment (plans/0004)
+KERNEL_SMEM = 231_424   # all paths: Q + two KV stages + P + exchange + 1 KB alignment (plans/0004)
 BIG_SMEM = pytest.mark.skipif(0 < _smem_optin() < KERNEL_SMEM, reason=(
     f"the kernel needs {KERNEL_SMEM} B of shared memory per block (H100/H200 class); this GPU allows "
     f"{_smem_optin()} B and the glue refuses it by name"))
 
-IMPLS = [pytest.param("mma", id="mma"),
-         pytest.param("wgmma", id="wgmma", marks=pytest.mark.skipif(
-             not _is_sm90(), reason="the wgmma path exists on compute capability 9.0 (H100/H200) only"))]
+SM90_ONLY = pytest.mark.skipif(not _is_sm90(), reason="the wgmma paths exist on compute capability 9.0 (H100/H200) only")
+IMPLS = [pytest.param("mma", id="mma"), pytest.param("wgmma", id="wgmma", marks=SM90_ONLY),
+         pytest.param("pingpong", id="pingpong", marks=SM90_ONLY)]
 
 
 @pytest.fixture(scope="module")
@@ -187,13 +192,14 @@ def test_corner_cases(ext, case, impl):
 
 
 @BIG_SMEM
-@pytest.mark.skipif(not _is_sm90(), reason="the wgmma path exists on compute capability 9.0 (H100/H200) only")
-def test_wgmma_and_mma_agree(ext):
-    """Same inputs through both paths: only the fp32 accumulation order differs, so lse agrees to ~1e-5 and
-    o_lat to a bf16 rounding step; a wrong descriptor or swizzle would give O(1) differences."""
+@SM90_ONLY
+@pytest.mark.parametrize("impl", ["wgmma", "pingpong"])
+def test_wgmma_paths_agree_with_mma(ext, impl):
+    """Same inputs through a wgmma path and mma.sync: only the fp32 accumulation order differs, so lse agrees to
+    ~1e-5 and o_lat to a bf16 rounding step; a wrong descriptor, swizzle or handed-over max gives O(1) differences."""
     case = Case(40, 65, 64, (4097, 63, 900), pad=((1, 64),))
     inputs = make_inputs(case, seed=40)
-    o_w, lse_w = run_kernel(ext, inputs, poison=float("nan"), impl="wgmma")
+    o_w, lse_w = run_kernel(ext, inputs, poison=float("nan"), impl=impl)
     o_m, lse_m = run_kernel(ext, inputs, poison=float("nan"), impl="mma")
     assert np.array_equal(np.isneginf(lse_w), np.isneginf(lse_m))
     real = np.isfinite(lse_m)
@@ -219,7 +225,7 @@ def test_nan_in_unused_rows_never_leaks(ext, impl):
     (lambda a: {**a, "q": a["q"].transpose(1, 2)}, "q must be contiguous"),
     (lambda a: {**a, "anc": a["anc"][:, :, :0]}, "anc must be"),
     (lambda a: {**a, "kv": a["kv"][:, :2]}, "kv length S"),
-    (lambda a: {**a, "impl": "tensorcore"}, "impl must be 'auto', 'wgmma' or 'mma'"),
+    (lambda a: {**a, "impl": "tensorcore"}, "impl must be 'auto', 'pingpong', 'wgmma' or 'mma'"),
 ])
 def test_rejects_bad_arguments(ext, change, message):
     args = {"q": torch.zeros(1, 4, 2, D_QK, dtype=torch.bfloat16, device="cuda"),

@@ -26,7 +26,7 @@ for dtype in (torch.bfloat16, torch.float32):
     cache = torch.randn(2, 3, 4097 + 66, 576, generator=g, device=dev).to(dtype)
     cuda_ext.kv_compact(cache, past, res.accepted, res.accept_len)
 # tree_verify_mla: no split (many row tiles) and split-KV (batch 1, few rows), ragged, padding row, NaN slots
-for b, h, t, past_len in ((2, 16, 65, 300), (1, 8, 17, 4097)):
+for b, h, t, past_len in ((2, 16, 65, 300), (1, 8, 17, 4097), (3, 8, 9, 191)):
     kv = torch.randn(b, past_len + t + 7, 576, generator=g, device=dev).to(torch.bfloat16)
     kv[:, past_len + t:] = float("nan")
     q = torch.randn(b, t, h, 576, generator=g, device=dev).to(torch.bfloat16)
@@ -34,7 +34,7 @@ for b, h, t, past_len in ((2, 16, 65, 300), (1, 8, 17, 4097)):
     vis[-1] = False                                     # a padding row
     import numpy as np
     anc = torch.from_numpy(ref._pack_bits(vis.numpy(), (t + 63) // 64).view(np.int64)).to(dev)
-    for impl in ("mma", "wgmma") if torch.cuda.get_device_capability() == (9, 0) else ("mma",):
+    for impl in ("mma", "wgmma", "pingpong") if torch.cuda.get_device_capability() == (9, 0) else ("mma",):
         cuda_ext.tree_verify_mla(q, kv, torch.full((b,), past_len, dtype=torch.int32, device=dev),
                                  anc.expand(b, t, -1).contiguous(), 0.1309, impl)
 torch.cuda.synchronize()

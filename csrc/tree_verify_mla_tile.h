@@ -1,0 +1,166 @@
+// tree_verify_mla device helpers shared by the three MMA paths (mma.sync, wgmma lock-step, wgmma ping-pong):
+// tile geometry and shared-memory map, kernel parameters, the swizzled tile loader, the tree-mask visibility
+// word and the epilogue. Device code only; included by csrc/tree_verify_mla.cu (plans/0004-kernels.md).
+#pragma once
+#include "ptx_mma.h"
+#include "tree_verify_mla.h"
+
+#include <cmath>
+
+namespace kdb {
+namespace tvm {
+
+constexpr int kBlockM = 64;                     // query rows per CTA (4 row groups of 16)
+constexpr int kBlockN = 64;                     // KV tokens per tile
+constexpr int kThreads = 256;                   // 8 warps = 2 warpgroups; see Roles
+constexpr int kChunks = kTvmDimQK * 2 / 16;     // 72 16-byte chunks per bf16 row of Q or KV
+constexpr int kColBlockBytes = kBlockM * 128;   // 8,192 B: 64 rows x 64 columns (one 128-byte swizzle block)
+constexpr int kTileBytes = (kChunks / 8) * kColBlockBytes;  // 73,728 B: Q tile and each KV stage (9 blocks)
+constexpr int kOffKv = kTileBytes;              // smem map: Q | KV stage 0 | KV stage 1 | P | max[2][64] | sum[2][64]
+constexpr int kOffP = 3 * kTileBytes;           // P: 64 rows x 64 tokens bf16 = one column block
+constexpr int kOffMax = kOffP + kColBlockBytes;
+constexpr int kOffSum = kOffMax + 2 * kBlockM * 4;
+constexpr int kSmemUsed = kOffSum + 2 * kBlockM * 4;  // 230,400 B
+constexpr int kSmemBytes = kSmemUsed + 1024;    // + slack to align the base to the 1024-byte swizzle atom
+                                                // (231,424 B; H100/H200 allow 232,448 per block)
+constexpr int kMaxSplits = 64;
+constexpr int kSplitOverheadTiles = 2;          // cost of one extra split in KV-tile units (Q load, epilogue, combine)
+constexpr float kLn2 = 0.693147180559945309f;
+static_assert(kBlockM == kBlockN, "Q tile and KV stages share one size");
+static_assert(kChunks % 8 == 0, "rows split into whole 64-column blocks");
+static_assert(kOffKv % 1024 == 0 && kOffP % 1024 == 0, "wgmma swizzle atoms need 1024-byte aligned tiles");
+
+struct Params {
+  const __nv_bfloat16* q;
+  const __nv_bfloat16* kv;
+  const int32_t* past_lens;
+  const uint64_t* anc;
+  __nv_bfloat16* o_lat;
+  float* lse;
+  float* part_o;    // [splits, B*T*H, 512] normalized partial outputs (split mode only)
+  float* part_lse;  // [splits, B*T*H] partial natural-log lse (split mode only)
+  int batch, nodes, heads, cache_len, words, num_splits;
+  float scale_log2;  // scale * log2(e): scores live in log2 units so exp2 needs no extra multiply
+};
+
+// Barrier for the two warps that own the same 16 rows (64 threads); ids 1..4, id 0 is __syncthreads.
+__device__ __forceinline__ void pair_sync(int row_group) {
+  asm volatile("bar.sync %0, 64;\n" ::"r"(row_group + 1) : "memory");
+}
+
+// Roles. Both paths split a tile's work in two column halves ch: tokens [32 ch, 32 ch + 32) for S = Q K^T and
+// dims [256 ch, 256 ch + 256) for O += P V, and hand a thread rows 16 rg + lane / 4 (+ 8) in the m16n8
+// C-fragment layout, so the softmax and the epilogue are shared. mma.sync: warp = 2 rg + ch. wgmma: warpgroup
+// ch = warp / 4, rg = warp % 4 (a warpgroup's accumulator rows are 16 per warp).
+struct Role {
+  int rg, ch, lane;
+};
+template <bool kWgmma>
+__device__ __forceinline__ Role role() {
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  return kWgmma ? Role{warp & 3, warp >> 2, lane} : Role{warp >> 1, warp & 1, lane};
+}
+
+// Shared-memory layout of a 64-row tile (Q, each KV stage, P): 64-column blocks of 64 rows x 128 B, block-major;
+// 16-byte chunk c of row r sits in block c / 8 at chunk (c % 8) ^ (r % 8). This is wgmma's 128-byte swizzle
+// (atoms of 8 rows x 128 B), and for ldmatrix the 8 rows of one phase hit 8 different bank groups.
+__device__ __forceinline__ uint32_t tile_off(int row, int chunk) {
+  return (chunk >> 3) * kColBlockBytes + row * 128 + (((chunk & 7) ^ (row & 7)) << 4);
+}
+
+// Copies rows [row0, row0 + 64) of a row-major [*, 576] bf16 matrix into a tile with kLoaders threads (tid =
+// the caller's index among them); rows >= row_end are zero-filled, so NaN in unused cache slots cannot enter the
+// PV product. Thread layout per pass: kLoaders / 8 rows x 8 chunks (a warp reads 4 rows x 128 contiguous bytes);
+// each pass covers 9 blocks at one base + immediates (row r + kRows k has the same swizzle phase as row r).
+template <int kLoaders>
+__device__ __forceinline__ void load_tile(uint32_t dst, const __nv_bfloat16* src, int row0, int row_end, int tid) {
+  constexpr int kRows = kLoaders / 8;  // rows per pass: 32 (whole CTA) or 16 (one warpgroup)
+  static_assert(kLoaders % 64 == 0 && kChunks == 72 && kBlockM % kRows == 0, "passes of whole 8-row atoms");
+  const int c8 = tid & 7, r = tid >> 3;
+  const uint32_t d = dst + tile_off(r, c8);
+#pragma unroll
+  for (int k = 0; k < kBlockM / kRows; ++k) {
+    const int row = row0 + r + kRows * k;
+    const bool valid = row < row_end;
+    const __nv_bfloat16* g = src + static_cast<size_t>(valid ? row : 0) * kTvmDimQK + 8 * c8;
+#pragma unroll
+    for (int j = 0; j < kChunks / 8; ++j) cp_async_16(d + kRows * 128 * k + kColBlockBytes * j, g + 64 * j, valid);
+  }
+}
+
+// Visibility of the 64 columns of a tile for one node: bit t <=> cache row past_len + j0 + t is visible,
+// where j0 = tile_start - past_len > -64 (only tiles reaching the tree call this). Prefix columns
+// (j0 + t < 0) are visible; tree column j = j0 + t is visible iff j < T and bit j of the node's anc row.
+__device__ __forceinline__ uint64_t tile_visibility(const uint64_t* anc_row, int words, int nodes, int j0) {
+  if (anc_row == nullptr) return 0;  // row past the end of the request (partial last M-tile)
+  uint64_t prefix = 0, tree;
+  if (j0 < 0) {
+    prefix = (1ull << -j0) - 1;  // -j0 in [1, 63]
+    tree = anc_row[0] << -j0;
+  } else {
+    const int w = j0 >> 6, sh = j0 & 63;
+    const uint64_t lo = w < words ? anc_row[w] : 0, hi = w + 1 < words ? anc_row[w + 1] : 0;
+    tree = sh == 0 ? lo : (lo >> sh) | (hi << (64 - sh));
+  }
+  const int n_tree = nodes - j0;  // tile-local columns t < n_tree are inside [past_len, past_len + T)
+  if (n_tree < 64) tree &= n_tree <= 0 ? 0 : (1ull << n_tree) - 1;
+  return prefix | tree;
+}
+
+// Running softmax state for the two rows a lane owns (h = 0: row g, h = 1: row g + 8 of the warp's 16).
+struct RowState {
+  float m[2];  // running max of scaled scores, log2 units; -inf until a visible column is seen
+  float l[2];  // this lane's partial row sum (its 8 columns per tile), rescaled with m
+};
+
+// True unless all anc words of the node are zero (a padding node sees nothing, prefix included).
+__device__ __forceinline__ bool node_is_real(const uint64_t* anc_row, int words) {
+  uint64_t any = 0;
+  for (int w = 0; w < words; ++w) any |= anc_row[w];
+  return any != 0;
+}
+
+// Finishes the row sums across the lane quad and the warp pair, then writes O and lse (bf16 output and
+// final lse, or fp32 partials for the combine kernel in split mode).
+template <bool kSplit>
+__device__ __forceinline__ void epilogue(const Params& p, float (&acc)[32][4], RowState& st, uint8_t* smem,
+                                         int b, int split, int m0, Role w) {
+  float* red_sum = reinterpret_cast<float*>(smem + kOffSum);
+  const int g = w.lane >> 2, c = w.lane & 3, rows = p.nodes * p.heads, rg = w.rg, ch = w.ch;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    st.l[h] += __shfl_xor_sync(0xffffffffu, st.l[h], 1);
+    st.l[h] += __shfl_xor_sync(0xffffffffu, st.l[h], 2);
+    if (c == 0) red_sum[ch * kBlockM + 16 * rg + g + 8 * h] = st.l[h];
+  }
+  pair_sync(rg);
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int row = m0 + 16 * rg + g + 8 * h;  // row within the request: node * H + head
+    if (row >= rows) continue;
+    const float l = st.l[h] + red_sum[(ch ^ 1) * kBlockM + 16 * rg + g + 8 * h];
+    const int node = row / p.heads;
+    const bool seen = l > 0.f && node_is_real(p.anc + (static_cast<size_t>(b) * p.nodes + node) * p.words, p.words);
+    const float inv_l = seen ? 1.f / l : 0.f;
+    const float lse = seen ? st.m[h] * kLn2 + logf(l) : -INFINITY;
+    const size_t grow = static_cast<size_t>(b) * rows + row;  // global row over the batch
+    if constexpr (kSplit) {
+      const size_t prow = static_cast<size_t>(split) * p.batch * rows + grow;
+      float* out = p.part_o + prow * kTvmDimV + 256 * ch + 2 * c;
+#pragma unroll
+      for (int j = 0; j < 32; ++j)
+        *reinterpret_cast<float2*>(out + 8 * j) = make_float2(acc[j][2 * h] * inv_l, acc[j][2 * h + 1] * inv_l);
+      if (ch == 0 && c == 0) p.part_lse[prow] = lse;
+    } else {
+      __nv_bfloat16* out = p.o_lat + grow * kTvmDimV + 256 * ch + 2 * c;
+#pragma unroll
+      for (int j = 0; j < 32; ++j)
+        *reinterpret_cast<__nv_bfloat162*>(out + 8 * j) =
+            __floats2bfloat162_rn(acc[j][2 * h] * inv_l, acc[j][2 * h + 1] * inv_l);
+      if (ch == 0 && c == 0) p.lse[grow] = lse;
+    }
+  }
+}
+
+}  // namespace tvm
+}  // namespace kdb
