@@ -152,7 +152,11 @@ __device__ __forceinline__ void wgmma_wait() {
 __device__ __forceinline__ void reg_fence(uint32_t& v) { asm volatile("" : "+r"(v)::"memory"); }
 // Named barriers (ids 1..15; 0 is __syncthreads). arrive does not wait: a producer's signal to a consumer that
 // syncs on the same id with the same thread count (both sides' counts together = n).
+#ifndef KDB_RACECHECK_ARRIVE_AS_SYNC
 __device__ __forceinline__ void named_arrive(int id, int n) { asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(n) : "memory"); }
+#else  // diagnosis build only (reports/h200/racecheck_pingpong.cu): the producer waits too, same ordering
+__device__ __forceinline__ void named_arrive(int id, int n) { asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory"); }
+#endif
 __device__ __forceinline__ void named_sync(int id, int n) { asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory"); }
 
 // d[64 x 64] (+)= A[64 x 16] . B[16 x 64] for one warpgroup, A and B through shared-memory descriptors (both
