@@ -51,6 +51,10 @@ CASES = [
     Case(4, 6, 3001, 1024, "bfloat16", "ties", 20, ragged=True),
     Case(3, 15, 1022, 100, "float32", "neginf", 21),          # -inf logits: zero-probability tokens
     Case(1, 1, 4096, 5, "float32", "normal", 22),             # L = 1
+    # batch 1 and 8 split V across blocks (tree_build_topk_plan) and merge: ties across split boundaries
+    Case(1, 15, 163840, 64, "bfloat16", "normal", 23),
+    Case(1, 15, 163840, 1024, "bfloat16", "ties", 24),
+    Case(8, 15, 100003, 256, "float32", "peaked", 25),        # odd V: scalar loads, 25 chunks over the splits
 ]
 IDS = [f"b{c.batch}-L{c.depth}-V{c.vocab}-B{c.budget}-{c.dtype}-{c.logits}" for c in CASES]
 
@@ -103,6 +107,31 @@ def test_topk_matches_reference(case):
         m = x_np[b].max(axis=1)
         want_lse = m + np.log(np.exp(x_np[b] - m[:, None]).sum(axis=1))
         _check(lse[b], want_lse, f"lse[{b}]", Tolerance(rtol=case.lp_rtol, atol=case.lp_atol))
+
+
+# Forced splits per row (0 = the device's choice): every split count must give the reference top-K exactly.
+SPLIT_CASES = [
+    (Case(1, 4, 100003, 1024, "bfloat16", "ties", 41), (1, 2, 7, 25)),   # 25 chunks: 7 does not divide them
+    (Case(1, 15, 163840, 64, "bfloat16", "normal", 42), (1, 3, 40)),
+    (Case(2, 3, 4099, 64, "float32", "ties", 43), (2,)),    # the last split holds 3 logits < k: padded list
+    (Case(1, 2, 8200, 1, "bfloat16", "normal", 44), (3,)),   # budget 1; the last split holds 8 logits
+    (Case(3, 2, 12289, 1000, "float32", "neginf", 45), (4,)),
+]
+
+
+@gpu
+@pytest.mark.parametrize("case, splits", SPLIT_CASES, ids=[f"{c.vocab}-k{c.budget}-{c.logits}" for c, _ in SPLIT_CASES])
+def test_topk_split_counts_agree_with_reference(case, splits):
+    rng = np.random.default_rng(case.seed)
+    x_np, x = _logits(case, rng)
+    k = min(case.budget, case.vocab)
+    want = [ref.topk_logprobs(x_np[b], k) for b in range(case.batch)]
+    for s in splits:
+        _poison()
+        top_lp, top_tok, _ = (t.cpu().numpy() for t in _ext().tree_build_topk(x, k, s))
+        for b in range(case.batch):
+            _check(top_tok[b], want[b][1], f"splits {s}: top_tok[{b}]")
+            _check(top_lp[b], want[b][0], f"splits {s}: top_lp[{b}]", Tolerance(rtol=case.lp_rtol, atol=case.lp_atol))
 
 
 def _inputs(case: Case, rng: np.random.Generator):
@@ -170,6 +199,8 @@ def test_bad_inputs_name_the_argument():
         _ext().tree_build(x, i32, roots, i32, 1025)
     with pytest.raises(RuntimeError, match="draft_logits must be float32 or bfloat16"):
         _ext().tree_build(x.half(), i32, roots, i32, 8)
+    with pytest.raises(RuntimeError, match="splits must be >= 0"):
+        _ext().tree_build_topk(x, 8, -1)
 
 
 @gpu
