@@ -7,6 +7,7 @@
 
 #include "common.h"
 #include "tree_build.h"
+#include "tree_build_par.h"
 #include "tree_build_vocab.h"
 
 namespace kdb {
@@ -116,18 +117,62 @@ struct BestFirst {
   }
 };
 
-// Shared-memory layout of the builder (byte offsets); doubles first so every array stays aligned.
+// Shared-memory layout of the builder (byte offsets); doubles first so every array stays aligned. The
+// parallel path's tables (par::ParTables, capacity par::cap_for(N - 1)) follow when L <= par::kMaxDepth.
 struct BuildLayout {
-  size_t heap_s, score, lp, heap_p, ints, bytes;
+  size_t heap_s, score, lp, heap_p, ints, par_S, par_key, par_ints, bytes;
+  int cap, pow2;
   __host__ __device__ BuildLayout(int L, int K, int N) {
     heap_s = 0;
     score = heap_s + sizeof(double) * (N + kHeapPad);
     lp = score + sizeof(double) * N;
     heap_p = lp + sizeof(float) * size_t(L) * K;
     ints = heap_p + sizeof(uint32_t) * (N + kHeapPad);
-    bytes = ints + sizeof(int) * 5 * N;  // parent, rank, depth, first_child, next_sibling
+    par_S = (ints + sizeof(int) * 5 * N + 15) / 16 * 16;  // after parent, rank, depth, first_child, next_sibling
+    cap = L <= par::kMaxDepth ? par::cap_for(N - 1) : 0;
+    for (pow2 = 1; pow2 < cap; pow2 <<= 1) {}
+    par_key = par_S + sizeof(double) * cap;
+    par_ints = par_key + sizeof(uint64_t) * pow2;
+    bytes = cap > 0 ? par_ints + sizeof(int) * (7 * size_t(cap) + L + 2 + par::kScratch) : par_S;
+  }
+  __host__ __device__ par::ParTables tables(unsigned char* base, int L) const {
+    int* i = reinterpret_cast<int*>(base + par_ints);
+    return {reinterpret_cast<double*>(base + par_S), i, i + cap, i + 2 * cap, i + 3 * cap, i + 4 * cap,
+            i + 5 * cap, i + 6 * cap, reinterpret_cast<uint64_t*>(base + par_key), i + 7 * cap, i + 7 * cap + L + 2};
   }
 };
+
+// The block policy of par:: on the device: 256 threads, shared-memory scans, the bitonic sort.
+struct DevBlk {
+  __device__ static int tid() { return int(threadIdx.x); }
+  __device__ static int size() { return kBuildThreads; }
+  __device__ static void sync() { __syncthreads(); }
+  __device__ static void atomic_add(int* p, int v) { atomicAdd(p, v); }
+  // In-place exclusive scan of x[0, n) (written before the call and synced); returns the total to all.
+  __device__ static int exclusive_scan(int* x, int n, int* scratch) {
+    const int per = ceil_div(n, kBuildThreads), beg = min(n, tid() * per), end = min(n, beg + per);
+    int s = 0;
+    for (int i = beg; i < end; ++i) s += x[i];
+    const int lane = tid() & 31, warp = tid() >> 5;
+    const int incl = warp_inclusive_scan(s, lane);
+    if (lane == 31) scratch[warp] = incl;
+    __syncthreads();
+    int base = 0, total = 0;
+    for (int w = 0; w < kBuildThreads / 32; ++w) base += w < warp ? scratch[w] : 0, total += scratch[w];
+    int run = base + incl - s;
+    for (int i = beg; i < end; ++i) {
+      const int v = x[i];
+      x[i] = run, run += v;
+    }
+    __syncthreads();
+    return total;
+  }
+  __device__ static void sort_desc(uint64_t* k, int p) { vocab::bitonic_sort_desc(k, p); }
+};
+static_assert(kBuildThreads == vocab::kThreads, "the builder sorts with the vocabulary pass's bitonic sort");
+
+// Budgets below this take the heap: its ~0.5 us per pop beats the parallel path's fixed ~L rounds of syncs.
+constexpr int kParMinBudget = 32;
 
 // Row i's ancestor-or-self bits, W words; walking parents gives indices in decreasing order.
 __device__ void write_anc_row(uint64_t* out, int i, int n, int W, const int* parent) {
@@ -159,12 +204,17 @@ __global__ void __launch_bounds__(kBuildThreads) build_kernel(TreeBuildArgs a) {
   for (int i = threadIdx.x; i < L * kb; i += kBuildThreads)
     lp[i] = a.top_lp[(int64_t(b) * L + i / kb) * K + i % kb];
   __syncthreads();
-  if (threadIdx.x == 0) {
-    BestFirst bf{hs + 3, hp + 3, parent, rank, depth, score, fc, ns, lp, L, kb, 0};
-    n_shared = bf.run(budget);
+  int n = -1;
+  if (lay.cap >= budget && budget >= kParMinBudget && kb > 0 && L > 0)
+    n = par::build<DevBlk>(lay.tables(build_smem_raw, L), lp, L, kb, budget, lay.cap, parent, rank, depth, score, fc, ns);
+  if (n < 0) {  // not exact in float64, or heavy exact ties at the cut: the heap, which is exact always
+    if (threadIdx.x == 0) {
+      BestFirst bf{hs + 3, hp + 3, parent, rank, depth, score, fc, ns, lp, L, kb, 0};
+      n_shared = bf.run(budget);
+    }
+    __syncthreads();
+    n = n_shared;
   }
-  __syncthreads();
-  const int n = n_shared;
   const int64_t root = a.root_tokens[b], past = a.past_lens[b];
   for (int i = threadIdx.x; i < N; i += kBuildThreads) {
     const int64_t o = int64_t(b) * N + i;

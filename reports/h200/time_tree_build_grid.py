@@ -35,10 +35,10 @@ for v in (32000, 163840):
         for budget in (16, 64, 256, 1024):
             k = min(budget, v)
             budgets = torch.full((b,), budget, dtype=torch.int32, device="cuda")
-            vp = timing.measure(lambda: cuda_ext.tree_build_topk(logits, k), warmup=3, repeat=15, device="cuda")
+            vp = timing.measure(lambda: cuda_ext.tree_build_topk(logits, k), warmup=2, repeat=11, device="cuda")
             wb = timing.measure(lambda: cuda_ext.tree_build(logits, budgets, roots, past, budget),
-                                warmup=3, repeat=15, device="cuda")
-            tv = timing.measure(lambda: torch_vocab(logits, k), warmup=2, repeat=7, device="cuda")
+                                warmup=2, repeat=11, device="cuda")
+            tv = timing.measure(lambda: torch_vocab(logits, k), warmup=1, repeat=5, device="cuda")
             top_lp, top_tok, _ = cuda_ext.tree_build_topk(logits, k)
             ref_lp, ref_tok = topk_logprobs(logits[0].float().cpu().numpy(), k)
             floor = logits.numel() * 2 / ceil.copy_bytes_per_s        # bf16 logits read once
