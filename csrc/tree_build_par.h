@@ -161,48 +161,43 @@ __host__ __device__ void preorder(const ParTables& t, int n) {
   }
 }
 
-// The tree from the parallel path into the node tables; returns n (incl. the root), or -1 when the caller
-// must run the heap (not exact, or no tau gives B..cap tuples: heavy exact ties at the cut).
+// Bisection on tau until budget <= |E(tau)| <= cap (or E holds every tuple and fewer than budget exist):
+// count(hi) >= 1, count(lo_all) = every tuple; too many: raise tau; too few: lower it, first to lo_all once.
+// Returns |E| with E enumerated in t, or -1 (no progress: exact ties at the cut spread over more than cap).
 template <class Blk>
-__host__ __device__ int build(const ParTables& t, const float* lp, int L, int kb, int budget, int cap,
-                              int* parent, int* rank, int* depth, double* score, int* first_child,
-                              int* next_sibling) {
-  if (L < 1 || L > kMaxDepth || kb < 1 || budget < 1 || budget > cap) return -1;
-  int* f = t.scratch + 48;  // finite entries per row (L <= kMaxDepth)
-  if (Blk::tid() == 0) {
-    for (int d = 0; d < L; ++d) f[d] = finite_count(lp + d * kb, kb);
-    t.scratch[41] = exact_scale(lp, f, L, kb);
-  }
-  Blk::sync();
-  const int q = t.scratch[41];
-  if (q == INT32_MIN || f[0] == 0) return -1;
-  // Bisection on tau: count(hi) >= 1, count(lo_all) = every tuple. Too many (beyond cap): raise tau; too few:
-  // lower it, first to lo_all once (a tree smaller than the budget when every tuple fits).
+__host__ __device__ int bisect(const ParTables& t, const float* lp, const int* f, int L, int kb, int budget, int cap) {
   double hi = double(lp[0]), lo_all = 0.0;
   for (int d = 0; d < L; ++d) lo_all += f[d] > 0 ? double(lp[d * kb + f[d] - 1]) : 0.0;
   double lo = lo_all, tau = double(lp[min(budget, f[0]) - 1]);  // count(tau) >= min(budget, f0)
   bool lo_overflows = false;
-  int n = -1;
   for (int it = 0; it < 48; ++it) {
-    n = enumerate<Blk>(t, lp, f, L, kb, tau, cap);
-    if (n >= budget || (n >= 0 && tau <= lo_all)) break;
+    const int n = enumerate<Blk>(t, lp, f, L, kb, tau, cap);
+    if (n >= budget || (n >= 0 && tau <= lo_all)) return n;
     double next;
     if (n < 0) {
       lo = tau, lo_overflows = true, next = 0.5 * (tau + hi);
     } else {
       hi = tau, next = lo_overflows ? 0.5 * (lo + tau) : lo_all;
     }
-    if (next == tau || next != next) return -1;  // no progress: exact ties at the cut
+    if (next == tau || next != next) return -1;
     tau = next;
-    n = -1;
   }
-  if (n < 0) return -1;
+  return -1;
+}
+
+// E sorted into pop order (score desc, preorder asc), the first min(budget, n) entries written as nodes.
+template <class Blk>
+__host__ __device__ int emit(const ParTables& t, int n, int q, int budget, int* parent, int* rank, int* depth,
+                             double* score, int* first_child, int* next_sibling) {
   preorder<Blk>(t, n);
   int p = 1;
   while (p < n) p <<= 1;
   const double inv = ldexp(1.0, -q);
   for (int i = Blk::tid(); i < p; i += Blk::size()) {
-    if (i >= n) { t.key[i] = 0; continue; }
+    if (i >= n) {
+      t.key[i] = 0;
+      continue;
+    }
     const int64_t units = int64_t(t.S[i] * inv);  // exact: |units| < 2^51
     t.key[i] = (uint64_t(units + (int64_t(1) << 51)) << 12) | uint64_t(4095 - t.pre[i]);
     t.bypre[t.pre[i]] = i, t.nodeof[i] = 0;
@@ -224,6 +219,26 @@ __host__ __device__ int build(const ParTables& t, const float* lp, int L, int kb
   if (Blk::tid() == 0) parent[0] = -1, rank[0] = -1, depth[0] = 0, score[0] = 0.0;
   Blk::sync();
   return nn + 1;
+}
+
+// The tree from the parallel path into the node tables; returns n (incl. the root), or -1 when the caller
+// must run the heap (not exact, or no tau gives budget..cap tuples: heavy exact ties at the cut).
+template <class Blk>
+__host__ __device__ int build(const ParTables& t, const float* lp, int L, int kb, int budget, int cap,
+                              int* parent, int* rank, int* depth, double* score, int* first_child,
+                              int* next_sibling) {
+  if (L < 1 || L > kMaxDepth || kb < 1 || budget < 1 || budget > cap) return -1;
+  int* f = t.scratch + 48;  // finite entries per row (L <= kMaxDepth)
+  if (Blk::tid() == 0) {
+    for (int d = 0; d < L; ++d) f[d] = finite_count(lp + d * kb, kb);
+    t.scratch[41] = exact_scale(lp, f, L, kb);
+  }
+  Blk::sync();
+  const int q = t.scratch[41];
+  if (q == INT32_MIN || f[0] == 0) return -1;
+  const int n = bisect<Blk>(t, lp, f, L, kb, budget, cap);
+  if (n < 0) return -1;
+  return emit<Blk>(t, n, q, budget, parent, rank, depth, score, first_child, next_sibling);
 }
 
 // One thread (the host harness; block code with Blk::size() == 1 runs sequentially).

@@ -330,4 +330,3 @@ def test_builder_heap_on_host_matches_reference(tmp_path):
     positive = [u for u, (budget, _, _) in zip(used, cases) if budget > 0]
     assert 0.4 * len(positive) < sum(positive) < len(positive), f"parallel path on {sum(positive)} of {len(positive)}"
     assert used[-2] == 1, "the random budget-1024 table takes the parallel path"
-    print("parallel", sum(positive), "of", len(positive))
