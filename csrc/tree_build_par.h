@@ -170,7 +170,7 @@ __host__ __device__ int bisect(const ParTables& t, const float* lp, const int* f
   for (int d = 0; d < L; ++d) lo_all += f[d] > 0 ? double(lp[d * kb + f[d] - 1]) : 0.0;
   double lo = lo_all, tau = double(lp[min(budget, f[0]) - 1]);  // count(tau) >= min(budget, f0)
   bool lo_overflows = false;
-  for (int it = 0; it < 48; ++it) {
+  for (int it = 0; it < 32; ++it) {  // 2^-32 of the score range separates float32-spaced sums
     const int n = enumerate<Blk>(t, lp, f, L, kb, tau, cap);
     if (n >= budget || (n >= 0 && tau <= lo_all)) return n;
     double next;
