@@ -87,6 +87,25 @@ class KvCompactShape:
         return _budget(self.budget) or _positive(self, "batch", "past_len", "layers", "dim", "depth")
 
 
+@dataclass(frozen=True)
+class MoeExpertsShape:
+    """The routed experts of one MoE layer on `rows` token rows (decode: batch; verify: batch x T)."""
+    rows: int
+    hidden: int = 7168               # d
+    inter: int = 2048                # expert intermediate width mi
+    experts: int = 384               # E
+    topk: int = 8                    # k experts per row
+    routing: Literal["uniform", "same", "skewed"] = "uniform"   # same: every row picks one k-set; skewed: few hot
+
+    def validate(self):
+        bad = _positive(self, "rows", "hidden", "inter", "experts", "topk")
+        if bad:
+            return bad
+        if self.topk > self.experts:
+            return "topk", f"got {self.topk}, expected at most experts = {self.experts}"
+        return None
+
+
 Policy = Literal["ar", "chain", "ddtree", "ddtree_width_capped", "static_kary"]
 
 
@@ -297,6 +316,7 @@ FAMILY_SHAPES = {
     "tree_verify_mla": TreeVerifyMlaShape,
     "tree_accept": TreeAcceptShape,
     "kv_compact": KvCompactShape,
+    "moe_experts": MoeExpertsShape,
 }
 KIND_SHAPES = {"acceptance": GenerationShape, "e2e": GenerationShape, "topology": TopologyShape,
                "replay": ReplayShape}
