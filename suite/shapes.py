@@ -8,6 +8,7 @@ import math
 from dataclasses import dataclass
 from typing import Literal
 
+from kdbench.backends.registry import moe_dispatch_modes
 from kdbench.references.model_config import get_preset, preset_names
 
 MAX_BUDGET = 1024   # the engine's and the kernels' largest supported tree budget
@@ -139,11 +140,14 @@ class GenerationShape:
     category: Literal["random", "repetitive", "code", "prose", "structured", "mixed"] = "random"
     dtype: Literal["auto", "float32", "bfloat16", "float64"] = "auto"   # auto: bf16 on GPU, f64 tiny on CPU
     batch_invariant: bool = False    # batch-invariant target (plans/0010): greedy spec == AR bit for bit, any dtype
+    moe: str = "auto"                # the target's MoE dispatch (registry moe_<moe>; plans/0015)
 
     def validate(self):
         cfg, bad = _preset(self.model)
         if bad:
             return bad
+        if self.moe not in moe_dispatch_modes():
+            return "moe", f"got {self.moe!r}, expected one of {', '.join(moe_dispatch_modes())}"
         cfg = get_preset(self.model)
         if not 0 <= self.temperature < math.inf:
             return "temperature", f"got {self.temperature}, expected a finite number >= 0"

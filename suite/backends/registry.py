@@ -141,6 +141,13 @@ def for_kind(kind: str) -> tuple[str, ...]:
     return tuple(b.name for b in ENTRIES if kind in b.kinds)
 
 
+def moe_dispatch_modes() -> tuple[str, ...]:
+    """The model's MoE dispatch modes: "auto" and X for every moe_experts entry moe_X (model/moe.py, the
+    `moe` key of generation scenarios)."""
+    return ("auto", *(b.name.removeprefix("moe_") for b in ENTRIES
+                      if "moe_experts" in b.families and b.role != "reference"))
+
+
 def label(name: str) -> str:
     """A few words on a row's backend for report legends: the entry's, a collective library's, or ''."""
     return BACKENDS[name].label if name in BACKENDS else COLLECTIVES.get(name, "")

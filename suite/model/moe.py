@@ -13,8 +13,7 @@ from kdbench.references.model_config import ModelConfig
 from . import invariant
 
 # "auto" or X for each registry entry moe_X of the moe_experts family (grouped, loop, triton, flashinfer)
-DISPATCH_MODES = ("auto", *(n.removeprefix("moe_") for n in registry.for_family("moe_experts")
-                            if registry.role(n) != "reference"))
+DISPATCH_MODES = registry.moe_dispatch_modes()
 _GROUPED_OK: dict[tuple[str, torch.dtype], bool] = {}  # (device type, dtype) -> torch._grouped_mm works
 
 
