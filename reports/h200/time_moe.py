@@ -4,11 +4,12 @@ ours, moe_flashinfer peer, moe_grouped, moe_loop) and, where capturable, replaye
 Times the whole layer (route + routed experts + shared expert) and the routed experts alone; floor = bytes of the
 touched experts (+ shared expert and gate for the layer) / measured copy bandwidth. Every output is checked
 against a float64 evaluation on the device of the same idx / weights (relative L2), before and after timing.
-Usage (GPU machine, repo root): python3 reports/h200/time_moe.py OUT_DIR [--quick]"""
+Usage (GPU machine, repo root): python3 reports/h200/time_moe.py OUT_DIR [--quick]; a CPU dry run of the code
+paths: ... OUT_DIR --quick --device cpu --preset tiny (float32; the Triton rows are skipped there)."""
 from __future__ import annotations
 
+import argparse
 import json
-import sys
 import time
 
 import torch
@@ -25,15 +26,15 @@ GRAPHABLE = ("triton", "grouped")        # loop syncs with the host (unique / no
 REL_L2 = 1e-2                            # bf16 weights and activations against float64 on the same values
 
 
-def layer_weights(cfg, layer: int, seed: int) -> dict:
-    """The MoE layer's tensors only (bf16; the router bias float32), drawn on the GPU like init_weights."""
-    gen = torch.Generator(device="cuda").manual_seed(seed)
+def layer_weights(cfg, layer: int, seed: int, dev: str, dtype) -> dict:
+    """The MoE layer's tensors only (bf16; the router bias float32), drawn on the device like init_weights."""
+    gen = torch.Generator(device=dev).manual_seed(seed)
     out = {}
     for name, shape in weight_shapes(cfg).items():
         if not name.startswith(f"layers.{layer}.") or not any(k in name for k in ("experts", "gate", "shared")):
             continue
         bias = name.endswith("gate_bias")
-        t = torch.empty(shape, dtype=torch.float32 if bias else torch.bfloat16, device="cuda")
+        t = torch.empty(shape, dtype=torch.float32 if bias else dtype, device=dev)
         out[name] = t.normal_(0.0, GATE_BIAS_STD if bias else shape[-1] ** -0.5, generator=gen)
     return out
 
@@ -52,12 +53,14 @@ def rel_l2(got, want) -> float:
     return float((got.double() - want).norm() / want.norm())
 
 
-def measure(fn, quick: bool):
-    return timing.measure(fn, warmup=2 if quick else 3, repeat=5 if quick else 15, device="cuda", flush_l2=True)
+def measure(fn, quick: bool, dev: str):
+    return timing.measure(fn, warmup=2 if quick else 3, repeat=5 if quick else 15, device=dev, flush_l2=True)
 
 
-def graphed(fn):
+def graphed(fn, dev: str):
     """fn captured once (after a warm call) -> the replay, returning the captured output tensor."""
+    if dev != "cuda":
+        raise RuntimeError("CUDA graphs need a GPU")
     fn()
     torch.cuda.synchronize()
     g = torch.cuda.CUDAGraph()
@@ -66,21 +69,21 @@ def graphed(fn):
     return lambda: (g.replay(), out)[1]
 
 
-def main(out_dir: str, quick: bool) -> None:
-    cfg = get_preset(PRESET)
+def main(out_dir: str, quick: bool, dev: str, preset: str) -> None:
+    cfg = get_preset(preset)
     layer = next(i for i in range(cfg.n_layers) if cfg.is_moe_layer(i))
-    w, p = layer_weights(cfg, layer, seed=15), f"layers.{layer}."
+    dtype = torch.bfloat16 if dev == "cuda" else torch.float32
+    w, p = layer_weights(cfg, layer, 15, dev, dtype), f"layers.{layer}."
     ex = (w[p + "experts.w1"], w[p + "experts.w2"], w[p + "experts.w3"])
-    ceil = timing.ceilings("cuda")
+    ceil = timing.ceilings(dev)
     bw = ceil.copy_bytes_per_s
-    e_bytes = 3 * cfg.hidden * cfg.moe_intermediate * 2                         # one expert, bf16
+    e_bytes = 3 * cfg.hidden * cfg.moe_intermediate * ex[0].element_size()       # one expert
     fixed = sum(w[p + n].numel() * w[p + n].element_size() for n in ("gate", "shared.w1", "shared.w2", "shared.w3"))
-    recs, log = [], open(f"{out_dir}/moe_timing.log", "a")
-    say = lambda s: (print(s, flush=True), log.write(s + "\n"), log.flush())    # noqa: E731
-    say(f"{PRESET} layer {layer}; ceilings: {ceil.source}; copy {bw / 1e9:.0f} GB/s")
+    recs, say = [], lambda line: print(line, flush=True)    # noqa: E731  (moe_call.sh keeps stdout as the log)
+    say(f"{preset} layer {layer}; ceilings: {ceil.source}; copy {bw / 1e9:.0f} GB/s")
     for name, n in ROWS:
-        x = torch.randn(n, cfg.hidden, generator=torch.Generator(device="cuda").manual_seed(100 + n),
-                        device="cuda").to(torch.bfloat16)
+        x = torch.randn(n, cfg.hidden, generator=torch.Generator(device=dev).manual_seed(100 + n),
+                        device=dev).to(dtype)
         idx, wts = tmoe.route(x, w[p + "gate"], w[p + "gate_bias"], cfg)
         touched = int(torch.unique(idx).numel())
         want_e = experts64(x, idx, wts, *ex)
@@ -88,7 +91,7 @@ def main(out_dir: str, quick: bool) -> None:
         floors = {"experts": (touched * e_bytes + 4 * n * cfg.hidden) / bw,
                   "layer": (touched * e_bytes + fixed + 4 * n * cfg.hidden) / bw}
         for d in DISPATCH:
-            ok, why = registry.available("moe_" + d, "cuda")
+            ok, why = registry.available("moe_" + d, dev)
             if not ok:
                 recs.append({"case": name, "rows": n, "dispatch": d, "status": "skipped", "reason": why})
                 say(f"{name} {d}: skipped: {why}")
@@ -101,9 +104,9 @@ def main(out_dir: str, quick: bool) -> None:
                     rec = {"case": name, "rows": n, "dispatch": d, "scope": scope, "mode": mode,
                            "experts_touched": touched, "bytes": floors[scope] * bw, "floor_s": floors[scope]}
                     try:
-                        call = graphed(fn) if mode == "graph" else fn
+                        call = graphed(fn, dev) if mode == "graph" else fn
                         before = rel_l2(call(), want)
-                        t = measure(call, quick)
+                        t = measure(call, quick, dev)
                         after = rel_l2(call(), want)
                     except Exception as exc:   # noqa: BLE001 - one failing contender is a row, not the end
                         rec.update(status="error", reason=f"{type(exc).__name__}: {str(exc)[:300]}")
@@ -121,8 +124,14 @@ def main(out_dir: str, quick: bool) -> None:
                         f"rel_l2 {before:.1e}/{after:.1e} {rec['status']}")
         del want_e, want_l
     with open(f"{out_dir}/moe_timing.json", "w") as fh:
-        json.dump({"preset": PRESET, "ceilings": ceil.__dict__, "time": time.time(), "rows": recs}, fh, indent=1)
+        json.dump({"preset": preset, "ceilings": ceil.__dict__, "time": time.time(), "rows": recs}, fh, indent=1)
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], "--quick" in sys.argv)
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("out")
+    ap.add_argument("--quick", action="store_true", help="warm-up 2, 5 samples (else 3 and 15)")
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--preset", default=PRESET)
+    a = ap.parse_args()
+    main(a.out, a.quick, a.device, a.preset)
