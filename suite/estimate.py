@@ -97,7 +97,18 @@ def _compact(s, c, live):
     return elements * 4, elements * (KV_COMPACT_BYTES - 4), elements, 0.0, moved
 
 
-_FAMILY = {"tree_verify_mla": _verify, "tree_build": _build, "tree_accept": _accept, "kv_compact": _compact}
+def _moe(s, c, live):
+    """moe_experts: the touched experts' float32 weights on the host (at most min(E, rows * k) experts), the full
+    [E, ...] device copies (host memory on a CPU run), the slots' [S, d + mi] temporaries; FLOPs 6 d mi per slot."""
+    slots, per = s.rows * s.topk, 3.0 * s.hidden * s.inter
+    inputs = 4.0 * (min(s.experts, slots) * per + s.rows * s.hidden)
+    work = 4.0 * (s.experts * per + 4 * slots * (s.hidden + s.inter))
+    flops = 2.0 * slots * per
+    return inputs, work, flops, flops, inputs / 2
+
+
+_FAMILY = {"tree_verify_mla": _verify, "tree_build": _build, "tree_accept": _accept, "kv_compact": _compact,
+           "moe_experts": _moe}
 
 
 def _generation(c, live: list[str], device: str) -> Estimate:

@@ -8,6 +8,7 @@ import math
 from dataclasses import dataclass
 from typing import Literal
 
+from kdbench.backends.registry import moe_dispatch_modes
 from kdbench.references.model_config import get_preset, preset_names
 
 MAX_BUDGET = 1024   # the engine's and the kernels' largest supported tree budget
@@ -87,6 +88,25 @@ class KvCompactShape:
         return _budget(self.budget) or _positive(self, "batch", "past_len", "layers", "dim", "depth")
 
 
+@dataclass(frozen=True)
+class MoeExpertsShape:
+    """The routed experts of one MoE layer on `rows` token rows (decode: batch; verify: batch x T)."""
+    rows: int
+    hidden: int = 7168               # d
+    inter: int = 2048                # expert intermediate width mi
+    experts: int = 384               # E
+    topk: int = 8                    # k experts per row
+    routing: Literal["uniform", "same", "skewed"] = "uniform"   # same: every row picks one k-set; skewed: few hot
+
+    def validate(self):
+        bad = _positive(self, "rows", "hidden", "inter", "experts", "topk")
+        if bad:
+            return bad
+        if self.topk > self.experts:
+            return "topk", f"got {self.topk}, expected at most experts = {self.experts}"
+        return None
+
+
 Policy = Literal["ar", "chain", "ddtree", "ddtree_width_capped", "static_kary"]
 
 
@@ -120,11 +140,14 @@ class GenerationShape:
     category: Literal["random", "repetitive", "code", "prose", "structured", "mixed"] = "random"
     dtype: Literal["auto", "float32", "bfloat16", "float64"] = "auto"   # auto: bf16 on GPU, f64 tiny on CPU
     batch_invariant: bool = False    # batch-invariant target (plans/0010): greedy spec == AR bit for bit, any dtype
+    moe: str = "auto"                # the target's MoE dispatch (registry moe_<moe>; plans/0015)
 
     def validate(self):
         cfg, bad = _preset(self.model)
         if bad:
             return bad
+        if self.moe not in moe_dispatch_modes():
+            return "moe", f"got {self.moe!r}, expected one of {', '.join(moe_dispatch_modes())}"
         cfg = get_preset(self.model)
         if not 0 <= self.temperature < math.inf:
             return "temperature", f"got {self.temperature}, expected a finite number >= 0"
@@ -297,6 +320,7 @@ FAMILY_SHAPES = {
     "tree_verify_mla": TreeVerifyMlaShape,
     "tree_accept": TreeAcceptShape,
     "kv_compact": KvCompactShape,
+    "moe_experts": MoeExpertsShape,
 }
 KIND_SHAPES = {"acceptance": GenerationShape, "e2e": GenerationShape, "topology": TopologyShape,
                "replay": ReplayShape}

@@ -17,7 +17,7 @@ from kdbench.regress import gates
 from kdbench.results import POLICY_KINDS
 
 OPS = {"tree_build": ("tree_build",), "tree_accept": ("tree_accept_greedy", "tree_accept_sampled"),
-       "kv_compact": ("kv_compact",), "tree_verify_mla": ("tree_verify_mla",)}
+       "kv_compact": ("kv_compact",), "tree_verify_mla": ("tree_verify_mla",), "moe_experts": ("moe_experts",)}
 
 
 @pytest.mark.parametrize("entry", registry.ENTRIES, ids=lambda e: e.name)
@@ -45,8 +45,10 @@ def test_family_modules_implement_the_protocol(family):
 
 
 def test_roles_and_gating():
-    assert registry.names("ours") == ("cuda", "cuda_mma")
-    assert set(registry.names("peer")) == {"flashinfer_cascade", "flashinfer_prefix", "flashinfer_causal"}
+    assert registry.names("ours") == ("cuda", "cuda_mma", "moe_triton")
+    assert set(registry.names("peer")) == {"flashinfer_cascade", "flashinfer_prefix", "flashinfer_causal",
+                                           "moe_flashinfer"}
+    assert gates("kernel", "moe_triton") and not gates("kernel", "moe_grouped") and not gates("kernel", "moe_flashinfer")
     assert gates("kernel", "cuda") and gates("e2e", "torch") and gates("acceptance", "cuda")
     assert not gates("kernel", "torch") and not gates("kernel", "flashinfer_cascade")
     assert not gates("kernel", "numpy_ref") and not gates("kernel", "an_old_backend")

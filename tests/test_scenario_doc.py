@@ -18,6 +18,7 @@ SECTIONS = {
     "### tree_verify_mla": shapes.TreeVerifyMlaShape,
     "### tree_accept": shapes.TreeAcceptShape,
     "### kv_compact": shapes.KvCompactShape,
+    "### moe_experts": shapes.MoeExpertsShape,
     "## acceptance and e2e kinds: shape (`GenerationShape`)": shapes.GenerationShape,
     "## topology kind: shape (`TopologyShape`)": shapes.TopologyShape,
     "## replay kind: shape (`ReplayShape`)": shapes.ReplayShape,

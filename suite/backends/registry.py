@@ -9,7 +9,8 @@ from dataclasses import dataclass
 from typing import Callable, Literal
 
 Role = Literal["ours", "peer", "baseline", "reference"]
-FAMILIES = ("tree_build", "tree_verify_mla", "tree_accept", "kv_compact")
+STEP_FAMILIES = ("tree_build", "tree_verify_mla", "tree_accept", "kv_compact")   # the speculative step's kernels
+FAMILIES = (*STEP_FAMILIES, "moe_experts")    # moe_experts: the target's routed experts (model.moe dispatch)
 GENERATION_KINDS = ("acceptance", "e2e", "topology", "replay")   # kinds whose backends are the engine's stage backends
 
 
@@ -60,6 +61,16 @@ def _cpu_heap() -> str | None:
     return None
 
 
+def _triton() -> str | None:
+    from kdbench.model import moe_triton   # noqa: PLC0415  (imports triton only when asked)
+    return None if moe_triton.AVAILABLE else f"{moe_triton.IMPORT_ERROR} (the Triton path needs a CUDA torch)"
+
+
+def _flashinfer_moe() -> str | None:
+    from kdbench.backends import flashinfer_moe   # noqa: PLC0415  (imports flashinfer only when asked)
+    return flashinfer_moe.unavailable_reason()
+
+
 def _flashinfer() -> str | None:
     from kdbench.backends import flashinfer_mla   # noqa: PLC0415  (imports flashinfer only when asked)
     return flashinfer_mla.unavailable_reason()
@@ -70,9 +81,10 @@ _CUDA_KINDS = tuple(k for k in _GEN if k != "replay")   # replay is torch only: 
 _MLA = ("tree_verify_mla",)
 _B = "kdbench.backends."
 _VERIFY = "tree_verify_mla"
+_MOE, _MOE_OP, _M = ("moe_experts",), "moe_experts", "kdbench.model."
 ENTRIES = (
     Backend("numpy_ref", "reference", FAMILIES, ("kernel",), "any", "", "float64 numpy reference"),
-    Backend("torch", "baseline", FAMILIES, _GEN, "any", _B + "torch_ops", "torch eager",
+    Backend("torch", "baseline", STEP_FAMILIES, _GEN, "any", _B + "torch_ops", "torch eager",
             ops=((_VERIFY, _B + "mla_baselines:prepare_eager"),)),
     Backend("torch_sdpa", "baseline", _MLA, ("kernel",), "any", "", "torch SDPA, bool mask",
             ops=((_VERIFY, _B + "mla_baselines:prepare_sdpa"),)),
@@ -80,7 +92,7 @@ ENTRIES = (
             ops=((_VERIFY, _B + "mla_baselines:prepare_twopass"),)),
     Backend("cpu_heap", "baseline", ("tree_build",), ("kernel",), "any", _B + "cpu_heap",
             "torch top-K + C++ host heap", _cpu_heap),
-    Backend("cuda", "ours", FAMILIES, _CUDA_KINDS, "cuda", _B + "cuda_ext", "kdbench CUDA kernels", _cuda_extension,
+    Backend("cuda", "ours", STEP_FAMILIES, _CUDA_KINDS, "cuda", _B + "cuda_ext", "kdbench CUDA kernels", _cuda_extension,
             ops=((_VERIFY, _B + "cuda_ext:prepare_tree_verify_mla"),)),
     Backend("cuda_mma", "ours", _MLA, ("kernel",), "cuda", "", "kdbench kernel, mma.sync path",
             _cuda_extension, ops=((_VERIFY, _B + "cuda_ext:prepare_tree_verify_mla_mma"),)),
@@ -93,6 +105,15 @@ ENTRIES = (
     Backend("flashinfer_causal", "peer", _MLA, ("kernel",), "cuda", "",
             "FlashInfer MLA, causal over prefix + chain (chain trees only)", _flashinfer,
             ops=((_VERIFY, _B + "flashinfer_mla:prepare_causal"),)),
+    # The routed experts; the model's moe dispatch mode X (model/moe.py) is the entry moe_X.
+    Backend("moe_loop", "baseline", _MOE, ("kernel",), "any", "", "torch per-expert loop (host-synchronizing)",
+            ops=((_MOE_OP, _M + "moe:experts_loop"),)),
+    Backend("moe_grouped", "baseline", _MOE, ("kernel",), "any", "", "torch._grouped_mm over expert-sorted slots",
+            ops=((_MOE_OP, _M + "moe:experts_grouped"),)),
+    Backend("moe_triton", "ours", _MOE, ("kernel",), "cuda", "", "kdbench Triton experts, SwiGLU fused", _triton,
+            ops=((_MOE_OP, _M + "moe_triton:experts"),)),
+    Backend("moe_flashinfer", "peer", _MOE, ("kernel",), "cuda", "", "FlashInfer cutlass_fused_moe (sm90, bf16)",
+            _flashinfer_moe, ops=((_MOE_OP, _B + "flashinfer_moe:experts"),)),
 )
 BACKENDS = {b.name: b for b in ENTRIES}
 # Row backends that are not entries: the topology kind's collective microbenchmarks record the library that
@@ -118,6 +139,13 @@ def for_family(family: str) -> tuple[str, ...]:
 def for_kind(kind: str) -> tuple[str, ...]:
     """Backends a generation kind's cases may name (the engine's stage backends)."""
     return tuple(b.name for b in ENTRIES if kind in b.kinds)
+
+
+def moe_dispatch_modes() -> tuple[str, ...]:
+    """The model's MoE dispatch modes: "auto" and X for every moe_experts entry moe_X (model/moe.py, the
+    `moe` key of generation scenarios)."""
+    return ("auto", *(b.name.removeprefix("moe_") for b in ENTRIES
+                      if "moe_experts" in b.families and b.role != "reference"))
 
 
 def label(name: str) -> str:

@@ -42,14 +42,14 @@ def target(case, ctx):
     """The random target of the case's preset, built once per run (the engine picks the attention backend
     per call, so torch and cuda cases share it). Older targets are dropped: one real-width model at a time."""
     s = case.shape
-    key = ("target", s.model, ctx.device, s.dtype, s.batch_invariant)
+    key = ("target", s.model, ctx.device, s.dtype, s.batch_invariant, s.moe)
     if key not in ctx.cache:
         for old in [k for k in ctx.cache if isinstance(k, tuple) and k[0] in ("target", "ar")]:
             del ctx.cache[old]
-        dtype, inv = model_dtype(ctx.device, s), s.batch_invariant
-        ctx.cache[key] = (pair.load_target(ctx.device, dtype, batch_invariant=inv) if s.model == PAIR_MODEL else
+        dtype, kw = model_dtype(ctx.device, s), {"batch_invariant": s.batch_invariant, "moe_dispatch": s.moe}
+        ctx.cache[key] = (pair.load_target(ctx.device, dtype, **kw) if s.model == PAIR_MODEL else
                           target_from_preset(s.model, derive_seed(case.scenario, s.model), device=ctx.device,
-                                             dtype=dtype, batch_invariant=inv))
+                                             dtype=dtype, **kw))
     return ctx.cache[key]
 
 
@@ -80,7 +80,7 @@ def prompts(case, vocab: int) -> list[list[int]]:
 
 def ar_baseline(case, ctx, model, backend: str, batch_prompts) -> GenerateResult:
     s = case.shape
-    key = ("ar", s.model, s.batch_invariant, backend, s.category, s.prompt_len, s.prompts, s.max_new_tokens, s.batch, s.temperature,
+    key = ("ar", s.model, s.batch_invariant, s.moe, backend, s.category, s.prompt_len, s.prompts, s.max_new_tokens, s.batch, s.temperature,
            case.seed if s.temperature > 0 else None)   # sampled AR runs depend on the seed
     if key not in ctx.cache:
         ctx.cache[key] = run_batched(model, None, batch_prompts, s, Policy(kind="ar"), backend, case.seed)
@@ -217,6 +217,7 @@ def base_record(case, ctx, backend: str) -> Record:
     dtype = str(model_dtype(ctx.device, case.shape)).replace("torch.", "")
     rec = ctx.record(case, backend, dtype=dtype)
     rec.extra["batch_invariant"] = bool(case.shape.batch_invariant)
+    rec.extra["moe"] = case.shape.moe
     return rec
 
 

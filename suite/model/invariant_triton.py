@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import torch
 
+from .moe_plan import block_plan
+
 try:
     import triton
     import triton.language as tl
@@ -122,24 +124,6 @@ def _grouped_kernel(X, ROWS, W1, W3, Y, BLK_E, BLK_R0, BLK_R1, S, N, K, sxm, swe
     tl.store(yp, acc1.to(Y.dtype.element_ty), mask=rmask[:, None] & (rn[None, :] < N))
 
 
-def _blocks(flat: torch.Tensor, E: int, bm: int):
-    """Device-side block table (no host sync): slots sorted by expert, each expert's segment cut into bm-row
-    blocks. Returns (order, blk_e, blk_r0, blk_r1); unused blocks (of the static upper bound) have blk_e = -1."""
-    S = flat.shape[0]
-    order = torch.sort(flat, stable=True).indices                        # [S] slot at each sorted position
-    counts = torch.zeros(E, dtype=torch.int64, device=flat.device).scatter_add_(0, flat, torch.ones_like(flat))
-    seg_end = torch.cumsum(counts, 0)
-    nblk = (counts + bm - 1) // bm
-    blk_end = torch.cumsum(nblk, 0)                                      # [E]
-    nb_max = S // bm + E                                                 # >= sum ceil(count / bm)
-    pid = torch.arange(nb_max, device=flat.device)
-    e = torch.searchsorted(blk_end, pid, right=True)                     # expert of block pid (E: unused)
-    ec = e.clamp(max=E - 1)
-    r0 = seg_end[ec] - counts[ec] + (pid - (blk_end[ec] - nblk[ec])) * bm
-    blk_e = torch.where(e < E, e, -1).to(torch.int32)
-    return order, blk_e, r0.to(torch.int32), seg_end[ec].to(torch.int32)
-
-
 def _grouped(x, rows, w1, w3, meta, gated: bool) -> torch.Tensor:
     _, blk_e, r0, r1 = meta
     bm, bn, bk, warps, stages = GROUPED_CFG
@@ -157,7 +141,7 @@ def grouped_swiglu(x: torch.Tensor, idx: torch.Tensor, w1, w2, w3) -> torch.Tens
     if x.dtype not in (torch.bfloat16, torch.float16) or not (w1.is_contiguous() and w2.is_contiguous()):
         raise ValueError(f"invariant experts: need contiguous bf16/fp16 weights, got {x.dtype}")
     flat = idx.reshape(-1)
-    meta = _blocks(flat, w1.shape[0], GROUPED_CFG[0])
+    meta = block_plan(flat, w1.shape[0], GROUPED_CFG[0])   # (order, blk_e, r0, r1), no host sync
     order = meta[0]
     token = (order // k).to(torch.int32)                                  # x row of each sorted slot
     h = _grouped(x.contiguous(), token, w1, w3, meta, True)              # [S, mi] sorted order

@@ -1,17 +1,19 @@
 """DeepSeek-V3 / Kimi K2 mixture of experts in torch: sigmoid + bias group-limited routing (noaux_tc), the
-routed experts (grouped GEMM over expert-sorted slots, or a per-expert loop) and the shared expert.
-Rules follow references/moe.py (the float64 truth) and shared/notes/mla_moe.md §2 and §6.
+routed experts (a registry entry moe_<dispatch>: torch grouped GEMM over expert-sorted slots, a per-expert
+loop, the Triton fused experts) and the shared expert. Rules follow references/moe.py (the float64 truth) and shared/notes/mla_moe.md §2 and §6.
 """
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 
+from kdbench.backends import registry
 from kdbench.references.model_config import ModelConfig
 
 from . import invariant
 
-DISPATCH_MODES = ("auto", "grouped", "loop")
+# "auto" or X for each registry entry moe_X of the moe_experts family (grouped, loop, triton, flashinfer)
+DISPATCH_MODES = registry.moe_dispatch_modes()
 _GROUPED_OK: dict[tuple[str, torch.dtype], bool] = {}  # (device type, dtype) -> torch._grouped_mm works
 
 
@@ -60,7 +62,7 @@ def swiglu(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, w3: torch.Tensor
     return (F.silu(x @ w1.T) * (x @ w3.T)) @ w2.T
 
 
-def _experts_loop(x, idx, weights, w1, w2, w3) -> torch.Tensor:
+def experts_loop(x, idx, weights, w1, w2, w3) -> torch.Tensor:
     """Per-expert loop (host-synchronizing: unique / nonzero). Same accumulation order as the reference."""
     y = torch.zeros_like(x)
     for e in torch.unique(idx).tolist():
@@ -69,7 +71,7 @@ def _experts_loop(x, idx, weights, w1, w2, w3) -> torch.Tensor:
     return y
 
 
-def _experts_grouped(x, idx, weights, w1, w2, w3) -> torch.Tensor:
+def experts_grouped(x, idx, weights, w1, w2, w3) -> torch.Tensor:
     """(token, k) slots sorted by expert, three torch._grouped_mm calls over the expert segments.
     No host synchronization (counts via scatter_add, not bincount), so it can sit in a CUDA graph."""
     n, k = idx.shape
@@ -102,12 +104,26 @@ def _grouped_available(x: torch.Tensor, w1: torch.Tensor) -> bool:
     return _GROUPED_OK[key]
 
 
+def experts_op(dispatch: str, x: torch.Tensor, w1: torch.Tensor):
+    """The routed-experts function of a dispatch mode (auto: grouped where torch._grouped_mm runs on this device
+    and dtype, else loop). ValueError naming the reason when the mode's backend cannot run here."""
+    if dispatch not in DISPATCH_MODES:
+        raise ValueError(f"dispatch must be one of {DISPATCH_MODES}, got {dispatch!r}")
+    if dispatch == "auto":
+        return experts_grouped if _grouped_available(x, w1) else experts_loop
+    ok, why = registry.available("moe_" + dispatch, x.device.type)
+    if not ok:
+        raise ValueError(f"moe dispatch {dispatch!r} cannot run here: {why}")
+    return registry.get("moe_" + dispatch).op("moe_experts")
+
+
 def moe_forward(w: dict, cfg: ModelConfig, layer: int, x: torch.Tensor, dispatch: str = "auto",
                 invariant_mode: bool = False, route_log: list | None = None) -> torch.Tensor:
     """x [N, d] (ffn-normed) -> routed experts + shared expert, [N, d].
 
-    dispatch: "grouped" (torch._grouped_mm; CUDA bf16 or CPU float32), "loop", or "auto" = grouped when
-    it runs on this device/dtype, else loop (float64 on CPU always loops). invariant_mode: the batch-invariant
+    dispatch: "grouped" (torch._grouped_mm; CUDA bf16 or CPU float32), "loop", "triton" (CUDA bf16/fp16),
+    "flashinfer" (the peer), or "auto" = grouped when it runs on this device/dtype, else loop (float64 on CPU
+    always loops). invariant_mode: the batch-invariant
     router, expert GEMMs and deterministic combine (invariant.py); dispatch is then not used.
     route_log: a list that gets (layer, idx [N, k]) appended (training reads expert loads from it to update
     the router bias).
@@ -124,8 +140,7 @@ def moe_forward(w: dict, cfg: ModelConfig, layer: int, x: torch.Tensor, dispatch
         if cfg.n_shared_experts > 0:
             y = y + invariant.swiglu(x, w[p + "shared.w1"], w[p + "shared.w2"], w[p + "shared.w3"])
         return y
-    grouped = dispatch == "grouped" or (dispatch == "auto" and _grouped_available(x, experts[0]))
-    y = (_experts_grouped if grouped else _experts_loop)(x, idx, weights, *experts)
+    y = experts_op(dispatch, x, experts[0])(x, idx, weights, *experts)
     if cfg.n_shared_experts > 0:
         y = y + swiglu(x, w[p + "shared.w1"], w[p + "shared.w2"], w[p + "shared.w3"])
     return y

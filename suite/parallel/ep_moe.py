@@ -1,7 +1,7 @@
 """Expert-parallel MoE over all-to-all: each rank routes its shard of the tokens, dispatches every (token, k)
 slot to the rank owning its expert — in fixed-capacity buffers (equal splits: no split sizes on the host, so
 the step stays capturable) or at exact sizes (split sizes through the host) — runs its local experts, and
-combines the returned outputs in ascending expert order, the order moe._experts_loop / _experts_grouped add
+combines the returned outputs in ascending expert order, the order moe.experts_loop / experts_grouped add
 them on the CPU (float64 / float32 bit for bit).
 """
 from __future__ import annotations

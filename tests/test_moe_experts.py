@@ -1,0 +1,219 @@
+"""The routed experts (plans/0015): the device-side block plan and the kernels' block walk (emulate) against the
+float64 reference on CPU; the moe_experts family end to end on CPU (loop, grouped); the Triton experts and the
+FlashInfer peer on a GPU (fresh seeded inputs, odd row counts, one expert taking every row, empty experts), a
+CUDA-graph replay of the Triton path on new routing, and the routing ties through the model's dispatch."""
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+import torch
+
+from kdbench import config, families, runner, shapes
+from kdbench.backends import registry
+from kdbench.model import moe as tmoe
+from kdbench.model import moe_plan, moe_triton
+from kdbench.model import weights as tw
+from kdbench.references import model as ref
+from kdbench.references import moe as ref_moe
+from kdbench.references.model_config import get_preset
+
+FAM = families.get("moe_experts")
+needs_triton = pytest.mark.skipif(not (torch.cuda.is_available() and moe_triton.AVAILABLE),
+                                  reason="needs a CUDA GPU with Triton (the Triton experts); the block plan and "
+                                         "its walk are tested on CPU in float64")
+
+
+@dataclasses.dataclass(frozen=True)
+class _Case:       # the two fields the family reads from a config.Case
+    shape: shapes.MoeExpertsShape
+    dtype: str
+
+
+def _case(rows, routing="uniform", dtype="float32", hidden=72, inter=40, experts=24, topk=5):
+    return _Case(shapes.MoeExpertsShape(rows, hidden, inter, experts, topk, routing), dtype)
+
+
+@pytest.mark.parametrize("seed", [3, 11, 29])
+@pytest.mark.parametrize("bm", [1, 4, 16])
+def test_block_plan_covers_every_slot_once_with_its_expert(seed, bm):
+    rng = np.random.default_rng(seed)
+    E, S = int(rng.integers(2, 40)), int(rng.integers(1, 300))
+    hot = rng.integers(0, E, size=3)                         # a few hot experts, several empty ones
+    flat = np.where(rng.random(S) < 0.6, rng.choice(hot, S), rng.integers(0, E, S))
+    plan = moe_plan.block_plan(torch.from_numpy(flat), E, bm)
+    order = plan.order.numpy()
+    assert sorted(order.tolist()) == list(range(S)) and (np.diff(flat[order]) >= 0).all()
+    assert plan.blk_e.shape[0] == moe_plan.max_blocks(S, E, bm)
+    covered = np.zeros(S, dtype=int)
+    for e, r0, r1 in zip(plan.blk_e.tolist(), plan.blk_r0.tolist(), plan.blk_r1.tolist()):
+        if e < 0:
+            continue
+        rows = np.arange(r0, min(r0 + bm, r1))
+        assert len(rows) > 0 and (flat[order[rows]] == e).all()
+        covered[rows] += 1
+    assert (covered == 1).all()
+    used = (plan.blk_e >= 0).sum().item()
+    assert used == sum(-(-c // bm) for c in np.bincount(flat, minlength=E)), "one block per bm slots of an expert"
+    assert (plan.blk_e[used:] == -1).all(), "used blocks first, the static tail unused"
+
+
+@pytest.mark.parametrize("rows,routing", [(1, "uniform"), (7, "same"), (33, "skewed"), (50, "uniform")])
+@pytest.mark.parametrize("bm", [16, 3])
+def test_the_kernels_block_walk_equals_the_float64_reference(rows, routing, bm):
+    """emulate() computes block by block from the plan what the Triton kernels do (slot-order store of the
+    weighted down product, sum over k after); in float64 it must match the family's numpy reference."""
+    case = _case(rows, routing)
+    inputs = FAM.make_inputs(case, seed=1000 + rows)
+    want = FAM.reference(inputs, case)["y"]
+    x, idx, wts, w1, w2, w3 = FAM._on_device(inputs, "cpu", "float32")
+    got = moe_plan.emulate(x.double(), idx, wts.double(), w1.double(), w2.double(), w3.double(), bm).numpy()
+    np.testing.assert_allclose(got, want, rtol=1e-10, atol=1e-12)
+
+
+def test_inputs_touch_the_experts_the_routing_says():
+    same = FAM.make_inputs(_case(9, "same"), seed=5)
+    assert len(same["touched"]) == 5 and (same["idx"] == same["idx"][0]).all()
+    skew = FAM.make_inputs(_case(40, "skewed", experts=300), seed=5)
+    uniform = FAM.make_inputs(_case(40, "uniform", experts=300), seed=5)
+    assert len(skew["touched"]) < len(uniform["touched"]) - 40, (len(skew["touched"]), len(uniform["touched"]))
+    assert all(len(set(r)) == 5 for r in skew["idx"].tolist())
+    np.testing.assert_allclose(skew["weights"].sum(1), 2.827, rtol=1e-6)
+    again = FAM.make_inputs(_case(40, "skewed", experts=300), seed=5)
+    assert all(np.array_equal(skew[k], again[k]) for k in ("x", "idx", "w1")), "a seed gives the same inputs"
+
+
+@pytest.mark.parametrize("backend", ["moe_loop", "moe_grouped"])
+def test_torch_backends_match_the_reference_on_cpu(backend):
+    for rows, routing in ((1, "uniform"), (13, "same"), (31, "skewed")):
+        case = _case(rows, routing)
+        inputs = FAM.make_inputs(case, seed=rows)
+        if backend == "moe_grouped" and not tmoe._grouped_available(*FAM._on_device(inputs, "cpu", "float32")[::3]):
+            pytest.skip("torch._grouped_mm does not run on CPU float32 in this torch build")
+        res = FAM.check(FAM.run(backend, inputs, case, "cpu"), FAM.reference(inputs, case),
+                        config.Tolerance(rtol=1e-4, atol=1e-5))
+        assert res.passed, (rows, routing, res.worst)
+
+
+def test_a_kernel_scenario_runs_the_family_and_skips_triton_on_cpu(tmp_path):
+    path = tmp_path / "moe.yaml"
+    path.write_text("""
+name: moe-cpu
+kind: kernel
+cases:
+  - name: rows
+    family: moe_experts
+    shape: {hidden: 48, inter: 24, experts: 16, topk: 4}
+    sweep: {shape.rows: [1, 9]}
+    backends: [numpy_ref, moe_loop, moe_triton]
+    trials: 2
+    tolerance: {rtol: 0.0001, atol: 0.00001}
+    timing: {warmup: 1, repeat: 3}
+""")
+    recs = runner.run_scenarios([str(path)], str(tmp_path / "run"), "cpu", progress=False).records
+    by = {(r.case, r.backend): r for r in recs}
+    assert by[("rows[rows=9]", "moe_loop")].status == "pass"
+    assert by[("rows[rows=9]", "moe_loop")].bytes_moved > 0
+    assert by[("rows[rows=9]", "moe_triton")].status == "skipped"
+    assert "cuda" in by[("rows[rows=9]", "moe_triton")].reason
+
+
+def test_bad_moe_dispatch_names_the_key_and_the_modes(tmp_path):
+    path = tmp_path / "bad.yaml"
+    path.write_text("name: b\nkind: e2e\ncases:\n  - name: c\n    shape: {model: tiny, moe: fast}\n")
+    with pytest.raises(config.ScenarioError, match=r"moe: got 'fast', expected one of auto, loop, grouped, triton"):
+        config.load(path)
+    assert tmoe.DISPATCH_MODES == registry.moe_dispatch_modes()
+
+
+def test_unavailable_dispatch_says_why():
+    cfg = dataclasses.replace(get_preset("tiny"), hidden=32, moe_intermediate=16, n_routed_experts=8)
+    w = tw.from_numpy(ref.init_weights(cfg, 2), dtype=torch.float32)
+    x = torch.randn(3, cfg.hidden, generator=torch.Generator().manual_seed(2))
+    if torch.cuda.is_available():
+        pytest.skip("CPU-only check: here the triton dispatch may run")
+    with pytest.raises(ValueError, match="moe dispatch 'triton' cannot run here: the moe_triton backend needs"):
+        tmoe.moe_forward(w, cfg, 1, x, dispatch="triton")
+
+
+# ---- GPU: the Triton experts (bf16), the peer, graph capture, routing ties through the model -----------------
+
+def _bf16_check(backend, case, seed, rel_l2=6e-3):
+    inputs = FAM.make_inputs(case, seed)
+    got = FAM.run(backend, inputs, case, "cuda")["y"]
+    want = FAM.reference(inputs, case)["y"]
+    err = np.linalg.norm(got - want) / np.linalg.norm(want)
+    assert np.isfinite(got).all() and err < rel_l2, (backend, case.shape, seed, err)
+    return err
+
+
+@pytest.mark.gpu
+@needs_triton
+@pytest.mark.parametrize("rows,routing,hidden,inter", [
+    (1, "uniform", 256, 128), (7, "same", 200, 96), (33, "skewed", 256, 128), (129, "uniform", 320, 192),
+    (131, "same", 128, 64), (1100, "skewed", 192, 64)])   # 1100 x 5 slots: BM 16 / 32 / 64 all run
+@pytest.mark.parametrize("seed", [7, 8])
+def test_triton_experts_match_the_float64_reference(rows, routing, hidden, inter, seed):
+    _bf16_check("moe_triton", _case(rows, routing, "bfloat16", hidden, inter, experts=64), seed)
+
+
+@pytest.mark.gpu
+@needs_triton
+@pytest.mark.parametrize("seed", [1, 2])
+def test_triton_error_is_no_worse_than_torch_grouped(seed):
+    case = _case(65, "uniform", "bfloat16", 512, 256, experts=96, topk=8)
+    ours, theirs = _bf16_check("moe_triton", case, seed), _bf16_check("moe_grouped", case, seed)
+    assert ours <= 1.5 * theirs + 1e-4, (ours, theirs)
+
+
+@pytest.mark.gpu
+@needs_triton
+def test_flashinfer_peer_matches_the_reference_when_it_runs():
+    why = registry.get("moe_flashinfer").unavailable("cuda")
+    if why:
+        pytest.skip(why)
+    _bf16_check("moe_flashinfer", _case(33, "skewed", "bfloat16", 256, 128, experts=64), 3)
+
+
+@pytest.mark.gpu
+@needs_triton
+@pytest.mark.parametrize("n", [0])
+def test_triton_experts_with_no_rows(n):
+    x = torch.zeros(n, 64, dtype=torch.bfloat16, device="cuda")
+    w = torch.randn(4, 32, 64, dtype=torch.bfloat16, device="cuda")
+    y = moe_triton.experts(x, torch.zeros(n, 2, dtype=torch.int64, device="cuda"), torch.zeros(n, 2, device="cuda"),
+                           w, w.transpose(1, 2).contiguous(), w)
+    assert y.shape == (0, 64)
+
+
+@pytest.mark.gpu
+@needs_triton
+def test_triton_experts_replay_in_a_cuda_graph_on_new_routing():
+    """No host sync: captured once, replayed with other experts written into the same idx tensor."""
+    case = _case(9, "uniform", "bfloat16", 256, 128, experts=48)
+    a, b = FAM.make_inputs(case, 21), FAM.make_inputs(_case(9, "skewed", "bfloat16", 256, 128, experts=48), 22)
+    x, idx, wts, w1, w2, w3 = FAM._on_device(a, "cuda", "bfloat16")
+    moe_triton.experts(x, idx, wts, w1, w2, w3)           # compile outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        y = moe_triton.experts(x, idx, wts, w1, w2, w3)
+    idx.copy_(torch.from_numpy(b["idx"]).cuda())
+    graph.replay()
+    torch.testing.assert_close(y, moe_triton.experts(x, idx, wts, w1, w2, w3), atol=0, rtol=0)
+    assert not torch.equal(y, moe_triton.experts(x, torch.from_numpy(a["idx"]).cuda(), wts, w1, w2, w3))
+
+
+@pytest.mark.gpu
+@needs_triton
+def test_routing_ties_through_the_triton_dispatch_match_the_reference_layer():
+    cfg = dataclasses.replace(get_preset("tiny"), hidden=128, moe_intermediate=64, n_routed_experts=16)
+    wn = ref.init_weights(cfg, 6)
+    wn["layers.1.gate"][5] = wn["layers.1.gate"][4]       # identical experts: exact score ties
+    wn["layers.1.gate_bias"][5] = wn["layers.1.gate_bias"][4]
+    w = tw.from_numpy(wn, "cuda", torch.bfloat16)
+    wb = tw.to_numpy(w)                                   # the bf16 values the device reads, as float64
+    x = torch.randn(37, cfg.hidden, generator=torch.Generator().manual_seed(6)).to("cuda", torch.bfloat16)
+    want = ref_moe.moe_forward(wb, cfg, 1, x.double().cpu().numpy())
+    got = tmoe.moe_forward(w, cfg, 1, x, dispatch="triton").double().cpu().numpy()
+    assert np.linalg.norm(got - want) / np.linalg.norm(want) < 1e-2
