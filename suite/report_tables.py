@@ -317,12 +317,12 @@ def forward_cells(rec: Record) -> dict[str, Any]:
     'name share-of-time % floor%' (the forward's mode and rows in front)."""
     f = rec.extra.get("forward")
     if not isinstance(f, dict):
-        return {"fwd_s": None, "fwd_floor_s": None, "fwd_pct": None, "fwd_stages": ""}
+        return {"fwd_s": None, "fwd_floor_s": None, "fwd_pct": None, "fwd_stages": rec.extra.get("forward_error", "")}
     parts = []
     for key, short in FLOOR_STAGES:
         st = f["stages"].get(key, {})
         if st.get("bytes"):
-            parts.append(f"{short} {100 * st['time_s'] / f['time_s']:.0f}% of time at {st['pct_of_floor']:.0f}%")
+            parts.append(f"{short} {100 * st['time_s'] / f['time_s']:.0f}% of time, at {st['pct_of_floor']:.0f}% of floor")
     head = f"{f['mode']}, {f['batch']}x{f['rows']} rows over {f['past']} keys: "
     return {"fwd_s": f["time_s"], "fwd_floor_s": f["floor_s"], "fwd_pct": f["pct_of_floor"],
             "fwd_stages": head + "; ".join(parts)}

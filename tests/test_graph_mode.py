@@ -130,6 +130,17 @@ def test_e2e_capture_failure_falls_back_to_eager_for_both_arms(tmp_path, monkeyp
         assert r.extra["graph_reason"] == "graph capture failed: no generator registration"
 
 
+def test_e2e_floor_failure_keeps_the_row(tmp_path, monkeypatch):
+    def oom(*a, **k):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2 GiB\nmore")
+    monkeypatch.setattr(e2e, "forward_floor", oom)
+    out, (ar, spec) = _run(tmp_path)
+    assert out.exit_code == 0 and spec.lossless == "yes" and spec.tokens_per_s > 0
+    assert "forward" not in spec.extra
+    assert spec.extra["forward_error"] == "forward floor (9 rows) failed: CUDA out of memory. Tried to allocate 2 GiB"
+    assert forward_cells(spec)["fwd_stages"] == spec.extra["forward_error"]
+
+
 # --------------------------------------------------------------------------------------------------- floors
 
 def _attention_params(cfg) -> int:

@@ -46,7 +46,7 @@ def _run_backend(case, ctx, backend: str) -> Iterator[Record]:
             ar = _arm(model, None, all_prompts, s, ar_policy, backend, case.seed, "graph")
             spec = _arm(model, make, all_prompts, s, policy, backend, case.seed, "graph")
         except (RuntimeError, ValueError) as exc:
-            mode, why, (ar, spec) = "eager", f"graph capture failed: {str(exc).splitlines()[0][:200]}", eager
+            mode, why, (ar, spec) = "eager", f"graph capture failed: {_first_line(exc)}", eager
     ar_rec = _timed_record(case, ctx, backend, ar[0], "ar", ar[1], mode)
     ar_rec.tau = 1.0                                    # AR commits one token per request per step
     rec = _timed_record(case, ctx, backend, spec[0], policy.label, spec[1], mode)
@@ -70,8 +70,8 @@ def _run_backend(case, ctx, backend: str) -> Iterator[Record]:
     gen.note_attention(ar_rec, ar[0])
     gen.note_attention(rec, spec[0])
     if s.forward_floor:
-        ar_rec.extra["forward"] = _floor(model, s.batch, 1, s.prompt_len, ar[0][0].attention)
-        rec.extra["forward"] = _floor(model, s.batch, policy.nodes(s.draft_len) + 1, s.prompt_len, spec[0][0].attention)
+        _floor(ar_rec, model, s.batch, 1, s.prompt_len, ar[0][0].attention)
+        _floor(rec, model, s.batch, policy.nodes(s.draft_len) + 1, s.prompt_len, spec[0][0].attention)
     yield ar_rec
     yield rec
 
@@ -117,16 +117,25 @@ def _check_lossless(rec: Record, model, all_prompts, ar, spec) -> None:
         rec.reason = f"greedy speculative output differs from AR: {rec.lossless}"
 
 
-def _floor(model, batch: int, rows: int, past: int, attention: str) -> dict:
-    """The forward's per-stage time and floor (engine/floor.py): graphed on a GPU, eager on the CPU."""
+def _floor(rec: Record, model, batch: int, rows: int, past: int, attention: str) -> None:
+    """extra["forward"]: the forward's per-stage time and floor (engine/floor.py), graphed on a GPU (eager
+    with graph_reason if the capture fails), eager on the CPU. A failure of the timing itself is recorded in
+    extra["forward_error"] and leaves the e2e row standing."""
     mode = "graph" if str(model.device).startswith("cuda") else "eager"
     try:
-        return forward_floor(model, batch, rows, past, mode, attn=attention)
-    except (RuntimeError, ValueError) as exc:
-        if mode == "eager":
-            raise
-        out = forward_floor(model, batch, rows, past, "eager", attn=attention)
-        return {**out, "graph_reason": f"graph capture failed: {str(exc).splitlines()[0][:200]}"}
+        try:
+            rec.extra["forward"] = forward_floor(model, batch, rows, past, mode, attn=attention)
+        except (RuntimeError, ValueError) as exc:
+            if mode == "eager":
+                raise
+            out = forward_floor(model, batch, rows, past, "eager", attn=attention)
+            rec.extra["forward"] = {**out, "graph_reason": f"graph capture failed: {_first_line(exc)}"}
+    except (RuntimeError, ValueError) as exc:   # torch.OutOfMemoryError is a RuntimeError
+        rec.extra["forward_error"] = f"forward floor ({rows} rows) failed: {_first_line(exc)}"
+
+
+def _first_line(exc: Exception) -> str:
+    return str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
 
 
 def _warm(model, drafter, all_prompts, s, policy, backend) -> None:
