@@ -72,7 +72,7 @@ def test_generate_graphed_refuses_on_the_cpu(tiny):
 def _run(tmp_path):
     path = tmp_path / "e2e.yaml"
     path.write_text(E2E)
-    out = runner.run_scenarios([str(path)], str(tmp_path / "out"), "cpu", None, progress=False)
+    out = runner.run_scenarios([str(path)], str(tmp_path / "out"), "cpu", progress=False)
     return out, load_records(tmp_path / "out")
 
 
