@@ -118,6 +118,21 @@ def test_e2e_graph_mode_plumbing(tmp_path, monkeypatch):
     assert spec.lossless == "yes" and spec.extra["eager_lossless"] == "yes"
 
 
+def test_e2e_budget_sweep_shares_one_ar_run_per_mode(tmp_path, monkeypatch):
+    calls = []
+    monkeypatch.setattr(e2e, "arms_mode", lambda model, policy, backend: ("graph", ""))
+    monkeypatch.setattr(e2e, "generate_graphed", _fake_graphed(calls))
+    path = tmp_path / "sweep.yaml"
+    path.write_text(E2E + "    sweep: {shape.budget: [4, 8]}\n")
+    out = runner.run_scenarios([str(path)], str(tmp_path / "sweep"), "cpu", progress=False)
+    recs = load_records(tmp_path / "sweep")
+    assert out.exit_code == 0 and calls == ["ar", "ddtree", "ddtree"]       # AR graphed once for both budgets
+    ars = [r for r in recs if r.policy == "ar"]
+    assert len(ars) == 2 and ars[0].samples_s == ars[1].samples_s
+    assert ars[0].extra["forward"]["time_s"] == ars[1].extra["forward"]["time_s"]   # one AR floor too
+    assert [r.extra["forward"]["rows"] for r in recs if r.policy != "ar"] == [5, 9]
+
+
 def test_e2e_capture_failure_falls_back_to_eager_for_both_arms(tmp_path, monkeypatch):
     def broken(*a, **k):
         raise GraphUnavailable("no generator registration\nsecond line")

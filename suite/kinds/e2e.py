@@ -33,20 +33,8 @@ def _run_backend(case, ctx, backend: str) -> Iterator[Record]:
     s = case.shape
     model = gen.target(case, ctx)
     all_prompts = gen.prompts(case, model.cfg.vocab_size)
-    ar_policy, policy = Policy(kind="ar"), gen.policy_of(s)
-    _warm(model, None, all_prompts, s, ar_policy, backend)
-    ar = _arm(model, None, all_prompts, s, ar_policy, backend, case.seed, "eager")
-    make = gen.drafter_factory(case, ctx, model, all_prompts, ar[0])
-    _warm(model, make(0, min(s.batch, len(all_prompts))), all_prompts, s, policy, backend)
-    spec = _arm(model, make, all_prompts, s, policy, backend, case.seed, "eager")
-    mode, why = arms_mode(model, policy, backend)
-    eager = (ar, spec)
-    if mode == "graph":
-        try:   # GraphUnavailable is a RuntimeError
-            ar = _arm(model, None, all_prompts, s, ar_policy, backend, case.seed, "graph")
-            spec = _arm(model, make, all_prompts, s, policy, backend, case.seed, "graph")
-        except (RuntimeError, ValueError) as exc:
-            mode, why, (ar, spec) = "eager", f"graph capture failed: {_first_line(exc)}", eager
+    policy = gen.policy_of(s)
+    ar, spec, eager, mode, why, make = _arms(case, ctx, model, all_prompts, policy, backend)
     ar_rec = _timed_record(case, ctx, backend, ar[0], "ar", ar[1], mode)
     ar_rec.tau = 1.0                                    # AR commits one token per request per step
     rec = _timed_record(case, ctx, backend, spec[0], policy.label, spec[1], mode)
@@ -70,10 +58,52 @@ def _run_backend(case, ctx, backend: str) -> Iterator[Record]:
     gen.note_attention(ar_rec, ar[0])
     gen.note_attention(rec, spec[0])
     if s.forward_floor:
-        _floor(ar_rec, model, s.batch, 1, s.prompt_len, ar[0][0].attention)
-        _floor(rec, model, s.batch, policy.nodes(s.draft_len) + 1, s.prompt_len, spec[0][0].attention)
+        ar_rec.extra.update(_cached(ctx, ("ar", "e2e-floor", _ar_key(case, backend)), lambda: _floor(
+            model, s.batch, 1, s.prompt_len, ar[0][0].attention)))
+        rec.extra.update(_floor(model, s.batch, policy.nodes(s.draft_len) + 1, s.prompt_len, spec[0][0].attention))
     yield ar_rec
     yield rec
+
+
+def _arms(case, ctx, model, all_prompts, policy: Policy, backend: str):
+    """Both arms eagerly (warm-up, the eager stage breakdown, the synthetic oracle), then both as CUDA graphs
+    where both can be captured. The AR arm runs once per run for all cases of its shape (a budget sweep shares
+    it). Returns (ar, spec, eager, mode, why, make): ar / spec (results, telemetry) in `mode`, eager = the
+    eager pair, why = the reason for eager mode, make = the drafter factory."""
+    s, ar_policy = case.shape, Policy(kind="ar")
+    key = _ar_key(case, backend)
+    ar = _cached(ctx, ("ar", "e2e-eager", key), lambda: _warm_and_run(model, None, all_prompts, s, ar_policy,
+                                                                         backend, case.seed))
+    make = gen.drafter_factory(case, ctx, model, all_prompts, ar[0])
+    spec = _warm_and_run(model, make, all_prompts, s, policy, backend, case.seed)
+    mode, why = arms_mode(model, policy, backend)
+    eager = (ar, spec)
+    if mode == "graph":
+        try:   # GraphUnavailable is a RuntimeError
+            ar = _cached(ctx, ("ar", "e2e-graph", key), lambda: _arm(model, None, all_prompts, s, ar_policy,
+                                                                     backend, case.seed, "graph"))
+            spec = _arm(model, make, all_prompts, s, policy, backend, case.seed, "graph")
+        except (RuntimeError, ValueError) as exc:
+            mode, why, (ar, spec) = "eager", f"graph capture failed: {_first_line(exc)}", eager
+    return ar, spec, eager, mode, why, make
+
+
+def _ar_key(case, backend: str) -> tuple:
+    """What an AR run depends on (the target is cached per model / dtype / mode: a new one drops "ar" keys)."""
+    s = case.shape
+    return (s.model, s.dtype, s.batch_invariant, backend, s.category, s.prompt_len, s.prompts, s.max_new_tokens,
+            s.batch, s.temperature, case.seed if s.temperature > 0 else None)
+
+
+def _cached(ctx, key: tuple, make):
+    if key not in ctx.cache:
+        ctx.cache[key] = make()
+    return ctx.cache[key]
+
+
+def _warm_and_run(model, make, all_prompts, s, policy: Policy, backend: str, seed: int):
+    _warm(model, make(0, min(s.batch, len(all_prompts))) if make else None, all_prompts, s, policy, backend)
+    return _arm(model, make, all_prompts, s, policy, backend, seed, "eager")
 
 
 def arms_mode(model, policy: Policy, backend: str) -> tuple[str, str]:
@@ -117,21 +147,21 @@ def _check_lossless(rec: Record, model, all_prompts, ar, spec) -> None:
         rec.reason = f"greedy speculative output differs from AR: {rec.lossless}"
 
 
-def _floor(rec: Record, model, batch: int, rows: int, past: int, attention: str) -> None:
-    """extra["forward"]: the forward's per-stage time and floor (engine/floor.py), graphed on a GPU (eager
-    with graph_reason if the capture fails), eager on the CPU. A failure of the timing itself is recorded in
-    extra["forward_error"] and leaves the e2e row standing."""
+def _floor(model, batch: int, rows: int, past: int, attention: str) -> dict:
+    """{"forward": the forward's per-stage time and floor (engine/floor.py)}: graphed on a GPU (eager with
+    graph_reason if the capture fails), eager on the CPU. A failure of the timing itself gives
+    {"forward_error": why} instead, and the e2e row stands."""
     mode = "graph" if str(model.device).startswith("cuda") else "eager"
     try:
         try:
-            rec.extra["forward"] = forward_floor(model, batch, rows, past, mode, attn=attention)
+            return {"forward": forward_floor(model, batch, rows, past, mode, attn=attention)}
         except (RuntimeError, ValueError) as exc:
             if mode == "eager":
                 raise
             out = forward_floor(model, batch, rows, past, "eager", attn=attention)
-            rec.extra["forward"] = {**out, "graph_reason": f"graph capture failed: {_first_line(exc)}"}
+            return {"forward": {**out, "graph_reason": f"graph capture failed: {_first_line(exc)}"}}
     except (RuntimeError, ValueError) as exc:   # torch.OutOfMemoryError is a RuntimeError
-        rec.extra["forward_error"] = f"forward floor ({rows} rows) failed: {_first_line(exc)}"
+        return {"forward_error": f"forward floor ({rows} rows) failed: {_first_line(exc)}"}
 
 
 def _first_line(exc: Exception) -> str:
