@@ -4,14 +4,18 @@ and recording it, the forward floors (engine/floor.py) and their report cells. C
 eager AR token for token, and graph-mode speculative output equals graph-mode AR (batch-invariant targets)."""
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
+import time
 
 import pytest
 import torch
 
 from kdbench import runner
+from kdbench.engine import engine as engine_mod
 from kdbench.engine import floor
+from kdbench.engine import graph as graph_mod
 from kdbench.engine.engine import generate, target_from_preset
 from kdbench.engine.graph import GraphUnavailable, capture_reason
 from kdbench.engine.graph_run import generate_graphed
@@ -20,6 +24,7 @@ from kdbench.kinds import e2e
 from kdbench.model.drafter import BlockDrafter
 from kdbench.model.moe import route
 from kdbench.model.presets import get_preset
+from kdbench.model.synthetic import SyntheticDrafter
 from kdbench.model.transformer import Transformer
 from kdbench.report_tables import forward_cells, generation_rows, graph_mode
 from kdbench.results import load_records
@@ -65,6 +70,84 @@ def test_arms_mode_names_the_arm_that_cannot_be_captured(tiny):
 def test_generate_graphed_refuses_on_the_cpu(tiny):
     with pytest.raises(GraphUnavailable, match="CUDA"):
         generate_graphed(tiny, None, [[1, 2, 3]], 4, Policy("ar"), backend="torch")
+
+
+class _FakeGraph:
+    """CUDA-graph semantics on the CPU: capture records the step's arguments without running it; replay runs
+    it on the same buffers and writes its outputs into static tensors (what a real graph's replay does)."""
+    recording: "_FakeGraph | None" = None
+
+    def __init__(self):
+        self.args, self.out = None, None
+
+    def register_generator_state(self, gen):
+        del gen
+
+    def replay(self):
+        tau, size = _REAL_STEP(*self.args)
+        self.out[0].copy_(tau)
+        self.out[1].copy_(size)
+
+
+_REAL_STEP = engine_mod.step
+
+
+def _recording_step(run, st, timer, limit):
+    g = _FakeGraph.recording
+    if g is None:
+        return _REAL_STEP(run, st, timer, limit)
+    B = st.bonus.shape[0]
+    g.args, g.out = (run, st, timer, limit), (torch.zeros(B, dtype=torch.int32), torch.zeros(B, dtype=torch.int32))
+    return g.out
+
+
+@contextlib.contextmanager
+def _fake_capture(g, stream=None):
+    del stream
+    _FakeGraph.recording = g
+    try:
+        yield
+    finally:
+        _FakeGraph.recording = None
+
+
+class _FakeEvent:
+    def __init__(self, **kw):
+        self.t = 0.0
+
+    def record(self):
+        self.t = time.perf_counter()
+
+    def synchronize(self):
+        pass
+
+    def elapsed_time(self, other):
+        return (other.t - self.t) * 1e3
+
+
+@pytest.mark.parametrize("policy,temperature", [(Policy("ar"), 0.0), (Policy("ddtree", 8), 0.0),
+                                                (Policy("chain", 4), 0.8), (Policy("ddtree", 6), 0.8)])
+def test_generate_graphed_rewinds_to_the_prefill(monkeypatch, policy, temperature):
+    """generate_graphed with a CPU stand-in for the graph: the warm-up steps are undone (state, drafter context
+    and generators put back), so the replays make exactly generate()'s tokens, greedy and sampled."""
+    model = Transformer.from_reference(get_preset("tiny"), 0)
+    prompts = [[5, 9, 200, 3], [17], [1, 2, 3, 4, 5, 6, 7]]
+    oracle = [p + list(range(30, 60)) for p in prompts]
+    drafter = (lambda: SyntheticDrafter(oracle, model.cfg.vocab_size, depth=5, quality=0.6, rank_probs=(0.6, 0.4),
+                                        seed=3)) if policy.kind != "ar" else (lambda: None)
+    want = generate(model, drafter(), prompts, 14, policy, temperature, seed=7)
+    monkeypatch.setattr(graph_mod, "_check_capturable", lambda *a: None)
+    monkeypatch.setattr(graph_mod, "_warm_up", lambda run, st, limit, stream: [
+        _REAL_STEP(run, st, graph_mod._NoTimer(), limit) for _ in range(graph_mod.WARMUP_STEPS)])
+    monkeypatch.setattr(engine_mod, "step", _recording_step)
+    monkeypatch.setattr(torch.cuda, "Stream", lambda **kw: None)
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", _FakeGraph)
+    monkeypatch.setattr(torch.cuda, "graph", _fake_capture)
+    monkeypatch.setattr(torch.cuda, "Event", _FakeEvent)
+    got = generate_graphed(model, drafter(), prompts, 14, policy, temperature, seed=7, backend="torch")
+    assert got.graph_mode == "graph" and got.tokens == want.tokens
+    assert [s.tau for s in got.steps] == [s.tau for s in want.steps]
+    assert all(set(s.stage_ns) == {"step"} for s in got.steps)
 
 
 # ------------------------------------------------------------------------------------------------ e2e kind
