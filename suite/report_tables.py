@@ -203,12 +203,12 @@ def acceptance_headline(recs: list[Record]) -> list[dict[str, Any]]:
 
 
 def e2e_headline(recs: list[Record]) -> list[dict[str, Any]]:
-    """One line per (policy, backend, dtype): tokens/s and speedup vs AR (ranges over its cases)."""
-    return [{"policy": policy, "backend": backend, "dtype": dtype, "rows": len(g),
+    """One line per (policy, backend, dtype, graph mode): tokens/s and speedup vs AR (ranges over its cases)."""
+    return [{"policy": f"{policy} [{mode}]" if mode else policy, "backend": backend, "dtype": dtype, "rows": len(g),
              "tokens_per_s": low_high(r.tokens_per_s for r in g), "speedup": low_high(r.speedup_vs_ar for r in g),
              "tau": low_high(r.tau for r in g)}
-            for (policy, backend, dtype), g in grouped(recs, lambda r: (policy_label(r), r.backend,
-                                                                         r.dtype)).items()]
+            for (policy, backend, dtype, mode), g in grouped(recs, lambda r: (
+                policy_label(r), r.backend, r.dtype, graph_mode(r).split(":")[0])).items()]
 
 
 # ------------------------------------------------------------------------------------------ section rows
@@ -242,9 +242,14 @@ GEN_COLUMNS = [
     ("case", "case", "text"), ("policy", "policy", "text"), ("backend", "backend", "text"),
     ("dtype", "dtype", "text"), ("budget", "budget", "int"), ("status", "status", "text"), ("tau", "tau", "num"),
     ("tokens/s", "tokens_per_s", "num"), ("speedup vs AR", "speedup_vs_ar", "x"),
-    ("predicted speedup", "predicted_speedup", "x"), ("TTFT", "ttft_s", "time"), ("TPOT", "tpot_s", "time"),
+    ("predicted speedup", "predicted_speedup", "x"), ("graph mode", "graph_mode", "text"),
+    ("TTFT", "ttft_s", "time"), ("TPOT", "tpot_s", "time"),
     ("J / token", "energy_j_per_token", "num"), ("lossless", "lossless", "note"),
+    ("forward", "fwd_s", "time"), ("forward floor", "fwd_floor_s", "time"), ("% of floor", "fwd_pct", "pct"),
+    ("% of floor by stage", "fwd_stages", "note"),
 ]
+FLOOR_STAGES = (("attention", "attn"), ("dense_mlp", "mlp"), ("moe", "moe"), ("lm_head", "lm_head"),
+                ("others", "other"))
 
 GENERIC_COLUMNS = [   # policy: replay rows; phase: topology rows (filled() drops a column no row has)
     ("case", "case", "text"), ("policy", "policy", "text"), ("phase", "phase", "text"), ("backend", "backend", "text"),
@@ -295,8 +300,32 @@ def generation_rows(recs: list[Record], depths: int = 4) -> list[dict[str, Any]]
         policy = policy_label(r)
         budget = r.extra.get("budget", None if policy == "ar" else shape_of(r).get("budget"))  # AR has no tree
         out.append(row(r, policy=policy, budget=budget, per_depth=rates[:depths],
-                       more_depths=len(rates) > depths, note=extra_note))
+                       more_depths=len(rates) > depths, note=extra_note, graph_mode=graph_mode(r), **forward_cells(r)))
     return out
+
+
+def graph_mode(rec: Record) -> str:
+    """An e2e row's graph mode ("graph" | "eager"), both arms named when they differ, the reason when eager."""
+    mode, ar = rec.extra.get("graph_mode", ""), rec.extra.get("ar_graph_mode", "")
+    text = f"{mode} (AR {ar})" if ar and ar != mode else mode
+    why = rec.extra.get("graph_reason", "")
+    return f"{text}: {why[:80]}" if text == "eager" and why else text
+
+
+def forward_cells(rec: Record) -> dict[str, Any]:
+    """The forward's time, floor and % of floor (Record.extra['forward'], engine/floor.py), and per stage
+    'name share-of-time % floor%' (the forward's mode and rows in front)."""
+    f = rec.extra.get("forward")
+    if not isinstance(f, dict):
+        return {"fwd_s": None, "fwd_floor_s": None, "fwd_pct": None, "fwd_stages": rec.extra.get("forward_error", "")}
+    parts = []
+    for key, short in FLOOR_STAGES:
+        st = f["stages"].get(key, {})
+        if st.get("bytes"):
+            parts.append(f"{short} {100 * st['time_s'] / f['time_s']:.0f}% of time, at {st['pct_of_floor']:.0f}% of floor")
+    head = f"{f['mode']}, {f['batch']}x{f['rows']} rows over {f['past']} keys: "
+    return {"fwd_s": f["time_s"], "fwd_floor_s": f["floor_s"], "fwd_pct": f["pct_of_floor"],
+            "fwd_stages": head + "; ".join(parts)}
 
 
 # ------------------------------------------------------------------------------------------ conventions

@@ -141,6 +141,7 @@ class GenerationShape:
     dtype: Literal["auto", "float32", "bfloat16", "float64"] = "auto"   # auto: bf16 on GPU, f64 tiny on CPU
     batch_invariant: bool = False    # batch-invariant target (plans/0010): greedy spec == AR bit for bit, any dtype
     moe: str = "auto"                # the target's MoE dispatch (registry moe_<moe>; plans/0015)
+    forward_floor: bool = False      # e2e: time the AR and verify forwards per stage beside their floors (engine/floor.py)
 
     def validate(self):
         cfg, bad = _preset(self.model)

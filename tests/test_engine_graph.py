@@ -31,15 +31,25 @@ def cpu_world():
 
 @pytest.mark.parametrize("policy,backend,match", [
     (Policy("ddtree", 8), "torch", "host heap"),
-    (Policy("chain", 8), "cuda", "DDTree steps only"),
-    (Policy("static_kary", branching=(2, 2)), "cuda", "DDTree steps only"),
-    (Policy("ar"), "cuda", "DDTree steps only"),
+    (Policy("chain", 8), "torch", "host heap"),
+    (Policy("static_kary", branching=(2, 2)), "cuda", "AR, DDTree and chain steps only"),
+    (Policy("ddtree_width_capped", 8, max_width=2), "cuda", "AR, DDTree and chain steps only"),
 ])
 def test_host_heap_paths_are_refused(cpu_world, policy, backend, match):
     """These build trees on the host on every machine, so the refusal comes before any device check."""
     model, drafter, prompts = cpu_world
     with pytest.raises(ValueError, match=match):
         capture_step(model, drafter, prompts, policy, backend=backend)
+
+
+@pytest.mark.parametrize("policy,backend", [(Policy("ar"), "cuda"), (Policy("ar"), "torch"),
+                                            (Policy("chain", 15), "cuda"), (Policy("ddtree", 8), "cuda")])
+def test_capturable_steps_need_only_a_gpu(cpu_world, policy, backend):
+    """AR (any backend: no tree), chain (built on the device) and DDTree on cuda pass the argument checks;
+    on this CPU-only machine they stop at the device check, with the reason."""
+    model, drafter, prompts = cpu_world
+    with pytest.raises(GraphUnavailable, match="CUDA"):
+        capture_step(model, drafter if policy.kind != "ar" else None, prompts, policy, backend=backend)
 
 
 @pytest.mark.parametrize("kw,match", [({"max_new_tokens": 0}, "max_new_tokens"), ({"steps": 0}, "steps"),

@@ -36,5 +36,6 @@ def test_trained_e2e_records_graph_mode(tmp_path):
     assert cli.main(["run", str(yaml), "--device", "cpu", "--out", str(run)]) == 0
     ar, spec = _records(run)
     assert ar["extra"]["graph_mode"] == spec["extra"]["graph_mode"] == "eager"
-    assert "cuda backend" in spec["extra"]["graph_reason"]
+    assert spec["extra"]["ar_graph_mode"] == "eager"          # both arms in one mode, each recorded
+    assert "CUDA" in spec["extra"]["graph_reason"] and spec["extra"]["graph_reason"] == ar["extra"]["graph_reason"]
     assert spec["predicted_speedup"] > 0 and spec["extra"]["predicted_over_measured"] > 0

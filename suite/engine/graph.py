@@ -1,6 +1,7 @@
-"""One speculative step (draft -> build -> verify -> accept -> compact -> commit) captured as a CUDA graph for a
-fixed batch, tree budget and kv_limit bucket; each replay advances the EngineState in place. Also the step time
-eager vs graph and the verify forward's share of it. Design and limits: plans/0003-engine.md, "CUDA graphs".
+"""One engine step (AR decode, or draft -> build -> verify -> accept -> compact -> commit for DDTree and chain)
+captured as a CUDA graph for a fixed batch, tree budget and kv_limit bucket; each replay advances the
+EngineState in place. Also the step time eager vs graph and the verify forward's share of it. Design and
+limits: plans/0003-engine.md, "CUDA graphs"; whole graph-mode generations: graph_run.py.
 """
 from __future__ import annotations
 
@@ -71,24 +72,15 @@ class StepGraph:
     def tensors(self) -> dict[str, torch.Tensor]:
         """Every device tensor a step rewrites in place: the KV cache and lengths, the outputs, the drafter's
         context cache (a BlockDrafter's)."""
-        st = self.state
-        out = {"kv": st.cache.kv, "lengths": st.cache.lengths, **{f: getattr(st, f) for f in _STATE_FIELDS}}
-        for f in _DRAFTER_FIELDS:
-            if isinstance(getattr(self.run.drafter, f, None), torch.Tensor):
-                out[f] = getattr(self.run.drafter, f)
-        return out
+        return _tensors(self.run, self.state)
 
     def snapshot(self) -> dict:
         """Copies of tensors(), the generators' states and steps_left, for restore()."""
-        return {"tensors": {k: v.clone() for k, v in self.tensors().items()},
-                "generators": [g.get_state() for g in self.generators], "steps_left": self.steps_left}
+        return _snapshot(self.run, self.state, self.generators, self.steps_left)
 
     def restore(self, snap: dict) -> None:
         """Put a snapshot back into the same buffers (the graph keeps reading them)."""
-        for k, v in self.tensors().items():
-            v.copy_(snap["tensors"][k])
-        for g, s in zip(self.generators, snap["generators"]):
-            g.set_state(s)
+        _restore(self.run, self.state, self.generators, snap)
         self.steps_left = snap["steps_left"]
 
     def tokens(self) -> list[list[int]]:
@@ -96,19 +88,55 @@ class StepGraph:
         return self.state.tokens()
 
 
+def _tensors(run, st: EngineState) -> dict[str, torch.Tensor]:
+    out = {"kv": st.cache.kv, "lengths": st.cache.lengths, **{f: getattr(st, f) for f in _STATE_FIELDS}}
+    for f in _DRAFTER_FIELDS:
+        if isinstance(getattr(run.drafter, f, None), torch.Tensor):
+            out[f] = getattr(run.drafter, f)
+    return out
+
+
+def _snapshot(run, st: EngineState, gens: tuple, steps_left) -> dict:
+    return {"tensors": {k: v.clone() for k, v in _tensors(run, st).items()},
+            "generators": [g.get_state() for g in gens], "steps_left": steps_left}
+
+
+def _restore(run, st: EngineState, gens: tuple, snap: dict) -> None:
+    for k, v in _tensors(run, st).items():
+        v.copy_(snap["tensors"][k])
+    for g, state in zip(gens, snap["generators"]):
+        g.set_state(state)
+
+
 # ------------------------------------------------------------------------------------------------ capture
+
+GRAPH_POLICIES = ("ar", "ddtree", "chain")   # steps with no host read: AR decode, the GPU-built trees
+
+
+def capture_reason(model, policy: Policy, backend: str) -> str | None:
+    """Why a step of `policy` on `backend` cannot be captured here (the message capture_step would raise),
+    or None when it can be tried (a capture can still fail, e.g. for a generator it cannot register)."""
+    try:
+        _check_capturable(model, policy, backend, 1, None)
+    except (ValueError, GraphUnavailable) as exc:
+        return str(exc)
+    return None
+
 
 def capture_step(model, drafter, prompts: list[list[int]], policy: Policy, backend: str = "cuda",
                  kv_limit: int | None = None, *, max_new_tokens: int = 64, temperature: float = 0.0,
-                 seed: int = 0, steps: int | None = None) -> StepGraph:
-    """Prefill `prompts`, run WARMUP_STEPS eager steps on a side stream, then capture one speculative step on
-    that stream into a torch.cuda.CUDAGraph. The state after the warm-up is the graph's starting point.
+                 seed: int = 0, steps: int | None = None, rewind: bool = False) -> StepGraph:
+    """Prefill `prompts`, run WARMUP_STEPS eager steps on a side stream, then capture one step (AR decode, or a
+    speculative step) on that stream into a torch.cuda.CUDAGraph. The state after the warm-up is the graph's
+    starting point; rewind=True puts the post-prefill state back after the capture (the warm-up's tokens are
+    undone: replays then make the whole generation, graph_run.generate_graphed).
 
     kv_limit: keys the drafter scans (the CUDA attention reads past_len + T itself); None = the smallest
     multiple of engine.KV_BUCKET that fits `steps` more steps after the warm-up, or the whole cache (any
-    number of steps) when steps is None. Raises ValueError for what no machine can capture (backend
-    "torch", a policy other than ddtree: both build trees in a host heap; a kv_limit too small for the
-    warm-up) and GraphUnavailable (a RuntimeError) where CUDA or generator registration is missing.
+    number of steps) when steps is None. Raises ValueError for what no machine can capture (a tree policy on
+    backend "torch", a policy other than ar / ddtree / chain: they build trees in a host heap; a kv_limit too
+    small for the warm-up) and GraphUnavailable (a RuntimeError) where CUDA or generator registration is
+    missing.
     """
     _check_capturable(model, policy, backend, max_new_tokens, steps)
     with torch.no_grad():
@@ -116,14 +144,17 @@ def capture_step(model, drafter, prompts: list[list[int]], policy: Policy, backe
                                                 backend))
         gens = _generators(run)
         limit = _kv_limit(run, st, kv_limit, steps)
+        start = _snapshot(run, st, gens, None) if rewind else None
         stream = torch.cuda.Stream(device=model.device)
         _warm_up(run, st, limit, stream)
-        steps_left = _steps_left(run, st, limit)
         graph = torch.cuda.CUDAGraph()
         for g in gens:  # before capture_begin, so each replay advances their Philox offsets as eager steps do
             graph.register_generator_state(g)
         with torch.cuda.graph(graph, stream=stream):
             tau, size = engine.step(run, st, _NoTimer(), limit)
+        if rewind:
+            _restore(run, st, gens, start)
+        steps_left = _steps_left(run, st, limit)
     return StepGraph(run, st, limit, graph, tau, size, steps_left, gens)
 
 
@@ -131,12 +162,12 @@ def _check_capturable(model, policy: Policy, backend: str, max_new_tokens: int, 
     """Argument errors first (they hold on every machine), then the device."""
     if not isinstance(policy, Policy):
         raise ValueError(f"policy must be a Policy, got {type(policy).__name__}")
-    if backend != "cuda":
-        raise ValueError(f"capture_step needs backend 'cuda', got {backend!r}: the torch tree_build runs a host "
-                         f"heap (reads the draft on the host), which a CUDA graph cannot capture")
-    if policy.kind != "ddtree":
-        raise ValueError(f"capture_step captures DDTree steps only, got {policy.label}: the cuda backend builds "
-                         f"only DDTree on the GPU; other policies use the torch host heap (not capturable)")
+    if policy.kind not in GRAPH_POLICIES:
+        raise ValueError(f"capture_step captures AR, DDTree and chain steps only, got {policy.label}: other "
+                         f"policies build their trees in the torch host heap (not capturable)")
+    if policy.kind != "ar" and backend == "torch":
+        raise ValueError(f"capture_step needs a GPU stage backend for {policy.label}, got {backend!r}: the torch "
+                         f"tree_build runs a host heap (reads the draft on the host), which a graph cannot capture")
     if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be an int >= 1, got {max_new_tokens!r}")
     if steps is not None and (not isinstance(steps, int) or steps < 1):

@@ -34,6 +34,7 @@ class GenerateResult:
     attention: str = ""              # the attention that ran in verify / decode: "torch" when a cuda run's model is
                                      # not bf16 (the kernel reads bf16 caches), so a row can say what it timed
     state: object = None             # the final EngineState when generate(keep_state=True)
+    graph_mode: str = "eager"        # "graph": every step was a CUDA-graph replay (graph_run.generate_graphed)
 
     @property
     def mean_tau(self) -> float:

@@ -8,7 +8,7 @@ import numbers
 from dataclasses import dataclass
 from typing import Callable
 
-from kdbench.backends import registry, torch_ops
+from kdbench.backends import chain_device, registry, torch_ops
 from kdbench.backends.adaptive import adaptive
 from kdbench.backends.cuda_build import ExtensionUnavailable
 
@@ -88,7 +88,8 @@ class Stages:
 
 def get_stages(backend: str, policy: Policy) -> Stages:
     """The stage callables of a registry backend serving the engine. A backend's own tree_build is DDTree's
-    Algorithm 1 only (the cuda kernel); other policies, and the torch backend, use the torch host build.
+    Algorithm 1 only (the cuda kernel); a chain on such a backend is built on the device (chain_device.py);
+    other policies, and the torch backend, use the torch host build.
     Raises ExtensionUnavailable (a RuntimeError) with the reason when the backend cannot be used here."""
     if backend not in BACKENDS:
         raise ValueError(f"unknown backend {backend!r}; valid backends: {', '.join(BACKENDS)}")
@@ -102,5 +103,8 @@ def get_stages(backend: str, policy: Policy) -> Stages:
         return torch_ops.tree_build(logits, budgets, roots, past, max_budget, build_one)
 
     own_build = policy.kind == "ddtree" and entry.name != "torch"
-    return Stages(backend, backend, entry.op("tree_build") if own_build else torch_build,
+    build = entry.op("tree_build") if own_build else torch_build
+    if policy.kind == "chain" and entry.name != "torch":   # argmax chain on the device: no heap, capturable
+        build = chain_device.build_chain
+    return Stages(backend, backend, build,
                   entry.op("tree_accept_greedy"), entry.op("tree_accept_sampled"), entry.op("kv_compact"))

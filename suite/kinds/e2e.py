@@ -1,6 +1,8 @@
 """e2e kind: per-step latency by stage (draft, build, verify, accept, compact, commit), tokens/s, speedup
 over AR on the same backend, TTFT / TPOT, the predicted speedup tau * t_AR / t_step beside the measured one,
-and energy per committed token. Formulas: plans/0005-measurement.md."""
+and energy per committed token. Both arms run as CUDA graphs where both can be captured, else both eagerly
+(graph_mode in every row); forward_floor adds the forwards' per-stage floors. Formulas: plans/0005-measurement.md,
+plans/0003-engine.md."""
 from __future__ import annotations
 
 import math
@@ -11,6 +13,8 @@ import numpy as np
 from kdbench import timing
 from kdbench.engine import graph
 from kdbench.engine.engine import generate
+from kdbench.engine.floor import forward_floor
+from kdbench.engine.graph_run import generate_graphed
 from kdbench.engine.stages import Policy
 from kdbench.kinds import generation as gen
 from kdbench.results import Record
@@ -29,59 +33,139 @@ def _run_backend(case, ctx, backend: str) -> Iterator[Record]:
     s = case.shape
     model = gen.target(case, ctx)
     all_prompts = gen.prompts(case, model.cfg.vocab_size)
-    ar_policy, policy = Policy(kind="ar"), gen.policy_of(s)
-    _warm(model, None, all_prompts, s, ar_policy, backend)
-    with Sampler() as ar_tel:
-        ar = gen.run_batched(model, None, all_prompts, s, ar_policy, backend, case.seed)
-    make = gen.drafter_factory(case, ctx, model, all_prompts, ar)
-    _warm(model, make(0, min(s.batch, len(all_prompts))), all_prompts, s, policy, backend)
-    with Sampler() as spec_tel:
-        spec = gen.run_batched(model, make, all_prompts, s, policy, backend, case.seed)
-    ar_rec = _timed_record(case, ctx, backend, ar, "ar", ar_tel.summary())
+    policy = gen.policy_of(s)
+    ar, spec, eager, mode, why, make = _arms(case, ctx, model, all_prompts, policy, backend)
+    ar_rec = _timed_record(case, ctx, backend, ar[0], "ar", ar[1], mode)
     ar_rec.tau = 1.0                                    # AR commits one token per request per step
-    rec = _timed_record(case, ctx, backend, spec, policy.label, spec_tel.summary())
-    stats = gen.step_stats(spec, s.draft_len)
+    rec = _timed_record(case, ctx, backend, spec[0], policy.label, spec[1], mode)
+    stats = gen.step_stats(spec[0], s.draft_len)
     rec.tau = stats.tau
     rec.speedup_vs_ar = rec.tokens_per_s / ar_rec.tokens_per_s
     rec.predicted_speedup = stats.tau * ar_rec.time_median_s / rec.time_median_s
     rec.extra.update({"per_depth_accept": stats.per_depth, "accept_len_hist": stats.hist,
                       "drafter": make(0, 1).name, "tau_convention": "tau counts the bonus token",
                       "ar_tokens_per_s": ar_rec.tokens_per_s, "ar_step_median_s": ar_rec.time_median_s,
-                      "predicted_over_measured": rec.predicted_speedup / rec.speedup_vs_ar})
-    rec.extra.update(_graph_step(model, make(0, min(s.batch, len(all_prompts))), all_prompts[:s.batch], s, policy,
-                                 backend, ar_rec.time_median_s, stats.tau))
+                      "predicted_over_measured": rec.predicted_speedup / rec.speedup_vs_ar,
+                      "ar_graph_mode": mode})
+    for r in (ar_rec, rec):
+        r.extra.update({"graph_reason": why} if why else {})
+    if mode == "graph":
+        _eager_beside(ar_rec, rec, case, ctx, backend, eager, policy.label)
     if s.temperature == 0:
-        rec.lossless, bug = gen.losslessness(model, all_prompts, ar, spec)
-        if rec.lossless != "yes":
-            rec.status = "fail" if bug else "info"
-            rec.reason = f"greedy speculative output differs from AR: {rec.lossless}"
-    gen.note_attention(ar_rec, ar)
-    gen.note_attention(rec, spec)
+        _check_lossless(rec, model, all_prompts, ar[0], spec[0])
+        if mode == "graph":
+            rec.extra["eager_lossless"] = gen.losslessness(model, all_prompts, eager[0][0], eager[1][0])[0]
+    gen.note_attention(ar_rec, ar[0])
+    gen.note_attention(rec, spec[0])
+    if s.forward_floor:
+        ar_rec.extra.update(_cached(ctx, ("ar", "e2e-floor", _ar_key(case, backend)), lambda: _floor(
+            model, s.batch, 1, s.prompt_len, ar[0][0].attention)))
+        rec.extra.update(_floor(model, s.batch, policy.nodes(s.draft_len) + 1, s.prompt_len, spec[0][0].attention))
     yield ar_rec
     yield rec
 
 
-GRAPH_STEPS = 16   # replays timed by the graph-mode step measurement
+def _arms(case, ctx, model, all_prompts, policy: Policy, backend: str):
+    """Both arms eagerly (warm-up, the eager stage breakdown, the synthetic oracle), then both as CUDA graphs
+    where both can be captured. The AR arm runs once per run for all cases of its shape (a budget sweep shares
+    it). Returns (ar, spec, eager, mode, why, make): ar / spec (results, telemetry) in `mode`, eager = the
+    eager pair, why = the reason for eager mode, make = the drafter factory."""
+    s, ar_policy = case.shape, Policy(kind="ar")
+    key = _ar_key(case, backend)
+    ar = _cached(ctx, ("ar", "e2e-eager", key), lambda: _warm_and_run(model, None, all_prompts, s, ar_policy,
+                                                                         backend, case.seed))
+    make = gen.drafter_factory(case, ctx, model, all_prompts, ar[0])
+    spec = _warm_and_run(model, make, all_prompts, s, policy, backend, case.seed)
+    mode, why = arms_mode(model, policy, backend)
+    eager = (ar, spec)
+    if mode == "graph":
+        try:   # GraphUnavailable is a RuntimeError
+            ar = _cached(ctx, ("ar", "e2e-graph", key), lambda: _arm(model, None, all_prompts, s, ar_policy,
+                                                                     backend, case.seed, "graph"))
+            spec = _arm(model, make, all_prompts, s, policy, backend, case.seed, "graph")
+        except (RuntimeError, ValueError) as exc:
+            mode, why, (ar, spec) = "eager", f"graph capture failed: {_first_line(exc)}", eager
+    return ar, spec, eager, mode, why, make
 
 
-def _graph_step(model, drafter, batch_prompts, s, policy, backend: str, ar_step_s: float, tau: float) -> dict:
-    """The speculative step replayed as a CUDA graph (engine/graph.py: ddtree on the cuda backend, greedy or
-    with registered generators), beside the eager rows: graph_step_median_s and the predicted speedup with it,
-    tau x t_AR(eager) / t_step(graph). AR steps are not captured (the engine has no AR graph), so the measured
-    rows stay eager; graph_mode says which mode each number comes from, and why not where it cannot run."""
-    out = {"graph_mode": "eager"}
-    if backend != "cuda" or policy.kind != "ddtree":
-        out["graph_reason"] = "captured steps need ddtree on the cuda backend (the torch tree build is a host heap)"
-        return out
+def _ar_key(case, backend: str) -> tuple:
+    """What an AR run depends on (the target is cached per model / dtype / mode: a new one drops "ar" keys)."""
+    s = case.shape
+    return (s.model, s.dtype, s.batch_invariant, backend, s.category, s.prompt_len, s.prompts, s.max_new_tokens,
+            s.batch, s.temperature, case.seed if s.temperature > 0 else None)
+
+
+def _cached(ctx, key: tuple, make):
+    if key not in ctx.cache:
+        ctx.cache[key] = make()
+    return ctx.cache[key]
+
+
+def _warm_and_run(model, make, all_prompts, s, policy: Policy, backend: str, seed: int):
+    _warm(model, make(0, min(s.batch, len(all_prompts))) if make else None, all_prompts, s, policy, backend)
+    return _arm(model, make, all_prompts, s, policy, backend, seed, "eager")
+
+
+def arms_mode(model, policy: Policy, backend: str) -> tuple[str, str]:
+    """("graph", "") when both the AR step and the speculative step can be captured here, else ("eager", why):
+    both arms always run in the same mode, so a speedup never compares a graph with an eager step."""
+    for p in (Policy(kind="ar"), policy):
+        why = graph.capture_reason(model, p, backend)
+        if why:
+            return "eager", f"{p.label}: {why}"
+    return "graph", ""
+
+
+def _arm(model, make, all_prompts, s, policy: Policy, backend: str, seed: int, mode: str):
+    """(results per batch, telemetry summary) of one arm in one mode (make None: AR)."""
+    with Sampler() as tel:
+        if mode == "eager":
+            res = gen.run_batched(model, make, all_prompts, s, policy, backend, seed)
+        else:
+            res = [generate_graphed(model, make(i, i + len(chunk)) if make else None, chunk, s.max_new_tokens,
+                                    policy, s.temperature, seed + i, backend)
+                   for i, chunk in ((i, all_prompts[i:i + s.batch]) for i in range(0, len(all_prompts), s.batch))]
+    return res, tel.summary()
+
+
+def _eager_beside(ar_rec: Record, rec: Record, case, ctx, backend: str, eager, label: str) -> None:
+    """Graph-mode rows keep the eager run's figures beside them, and its stage breakdown (the stages of a graph
+    are one launch and are not timed apart)."""
+    e_ar = _timed_record(case, ctx, backend, eager[0][0], "ar", eager[0][1], "eager")
+    e_spec = _timed_record(case, ctx, backend, eager[1][0], label, eager[1][1], "eager")
+    for r, e in ((ar_rec, e_ar), (rec, e_spec)):
+        r.extra.update({"eager_tokens_per_s": e.tokens_per_s, "eager_step_median_s": e.time_median_s,
+                        "graph_step_s": r.extra["stage_s"].get("step"), "stage_s": e.extra["stage_s"],
+                        "stage_s_mode": "eager (a graph's stages are one launch)"})
+    rec.extra["eager_speedup_vs_ar"] = e_spec.tokens_per_s / e_ar.tokens_per_s
+
+
+def _check_lossless(rec: Record, model, all_prompts, ar, spec) -> None:
+    rec.lossless, bug = gen.losslessness(model, all_prompts, ar, spec)
+    if rec.lossless != "yes":
+        rec.status = "fail" if bug else "info"
+        rec.reason = f"greedy speculative output differs from AR: {rec.lossless}"
+
+
+def _floor(model, batch: int, rows: int, past: int, attention: str) -> dict:
+    """{"forward": the forward's per-stage time and floor (engine/floor.py)}: graphed on a GPU (eager with
+    graph_reason if the capture fails), eager on the CPU. A failure of the timing itself gives
+    {"forward_error": why} instead, and the e2e row stands."""
+    mode = "graph" if str(model.device).startswith("cuda") else "eager"
     try:
-        t = graph.time_step_eager_vs_graph(model, drafter, batch_prompts, policy, GRAPH_STEPS, temperature=s.temperature)
-    except (RuntimeError, ValueError) as exc:   # GraphUnavailable is a RuntimeError
-        out["graph_reason"] = f"graph capture failed: {str(exc).splitlines()[0][:200]}"
-        return out
-    g = float(np.median(t["graph_step_s"]))
-    return {**out, "graph_step_median_s": g, "graph_eager_step_median_s": float(np.median(t["eager_step_s"])),
-            "graph_predicted_speedup": tau * ar_step_s / g, "graph_verify_share": t["verify_share"],
-            "graph_note": "spec step as a CUDA graph; AR eager (no AR graph in the engine)"}
+        try:
+            return {"forward": forward_floor(model, batch, rows, past, mode, attn=attention)}
+        except (RuntimeError, ValueError) as exc:
+            if mode == "eager":
+                raise
+            out = forward_floor(model, batch, rows, past, "eager", attn=attention)
+            return {"forward": {**out, "graph_reason": f"graph capture failed: {_first_line(exc)}"}}
+    except (RuntimeError, ValueError) as exc:   # torch.OutOfMemoryError is a RuntimeError
+        return {"forward_error": f"forward floor ({rows} rows) failed: {_first_line(exc)}"}
+
+
+def _first_line(exc: Exception) -> str:
+    return str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
 
 
 def _warm(model, drafter, all_prompts, s, policy, backend) -> None:
@@ -89,8 +173,9 @@ def _warm(model, drafter, all_prompts, s, policy, backend) -> None:
     generate(model, drafter, all_prompts[:s.batch], n, policy, s.temperature, 0, backend)
 
 
-def _timed_record(case, ctx, backend: str, results, label: str, tel: dict) -> Record:
-    """Step times are the sums of the stage times of each step (CUDA events on the GPU)."""
+def _timed_record(case, ctx, backend: str, results, label: str, tel: dict, mode: str) -> Record:
+    """Step times are the sums of the stage times of each step (CUDA events on the GPU; graph mode: one
+    "step" time per replay). mode: the graph mode of the run ("eager" | "graph"), recorded."""
     rec = gen.base_record(case, ctx, backend)
     rec.policy = label
     steps = [st for r in results for st in r.steps]
@@ -113,7 +198,7 @@ def _timed_record(case, ctx, backend: str, results, label: str, tel: dict) -> Re
             stage_tot[k] = stage_tot.get(k, 0.0) + v * 1e-9
     rec.extra["stage_s"] = {k: v / max(len(steps), 1) for k, v in stage_tot.items()}
     rec.extra["policy"] = label
-    rec.extra["graph_mode"] = "eager"      # generate() runs eagerly; _graph_step adds graph-mode step times
+    rec.extra["graph_mode"] = mode
     rec.energy_j_per_token = tel.get("energy_j", math.nan) / decode_tokens if decode_tokens else math.nan
     for key in ("sm_clock_mhz", "mem_clock_mhz", "power_w", "temp_c"):
         setattr(rec, key, tel.get(key, math.nan))

@@ -46,6 +46,18 @@ class ForwardOut(NamedTuple):
     taps: torch.Tensor | None  # [B, T, n_taps * d] residual after each tap layer, ascending layer order
 
 
+class ForwardContext(NamedTuple):
+    """What every attention block of one forward() shares (the tail of _attention's arguments)."""
+    positions: torch.Tensor
+    cache: LatentCache
+    past_lens: torch.Tensor
+    visible: torch.Tensor | None   # [B, T, S] bool for the torch attention, None for cuda / invariant
+    anc: torch.Tensor | None
+    naive: bool                    # causal prefill form (T > 1, no tree)
+    attn: str
+    S: int                         # keys the torch attention scans
+
+
 class Transformer:
     """Weights (the references/model.py names) plus the static options of a forward pass."""
 
@@ -101,13 +113,26 @@ class Transformer:
         attn / tap_layers override the model's defaults for this call (batch_invariant models always use
         the invariant attention, for every phase).
         """
+        fc = self.forward_context(tokens, positions, cache, past_lens, anc, kv_limit=kv_limit, attn=attn)
+        tap_layers = self.tap_layers if tap_layers is None else tap_layers
+        h = self.w["embed"][tokens]  # [B, T, d] residual stream
+        taps = []
+        for i in range(self.cfg.n_layers):
+            h = self.ffn_block(i, self.attention_block(i, h, fc))
+            if i in tap_layers:
+                taps.append(h)
+        return ForwardOut(self.head(h, logit_rows), torch.cat(taps, dim=-1) if taps else None)
+
+    def forward_context(self, tokens, positions, cache, past_lens, anc=None, *, kv_limit=None, attn=None
+                        ) -> "ForwardContext":
+        """The per-call constants of forward() (its arguments, the attention form and mask), shared by the
+        blocks, so a caller can run or time the blocks one at a time (engine/floor.py)."""
         B, T = tokens.shape
         attn = attn or self.attn
         if attn == "cuda" and cache.kv.dtype != torch.bfloat16 and not self.batch_invariant:
             # refuse: a silent torch fallback would be timed as cuda (the engine picks torch and records it)
             raise ValueError(f"attn='cuda' needs a bfloat16 cache (the tree_verify_mla kernel reads bf16), got "
                              f"{cache.kv.dtype}; use attn='torch'")
-        tap_layers = self.tap_layers if tap_layers is None else tap_layers
         S = cache.max_len if kv_limit is None else min(kv_limit, cache.max_len)
         naive = anc is None and T > 1
         if anc is None and not naive:
@@ -115,22 +140,26 @@ class Transformer:
         if self.batch_invariant:
             attn, naive, anc = "invariant", False, None if naive else anc   # prefill: causal key lists
         visible = None if attn in ("cuda", "invariant") and not naive else visible_mask(past_lens, T, S, anc)
-        h = self.w["embed"][tokens]  # [B, T, d] residual stream
-        taps = []
-        for i in range(self.cfg.n_layers):
-            p = f"layers.{i}."
-            x = self.ops.rms_norm(h, self.w[p + "attn_norm"], self.cfg.rms_eps)
-            h = h + self._attention(i, x, positions, cache, past_lens, visible, anc, naive, attn, S)
-            h = h + self._ffn(i, self.ops.rms_norm(h, self.w[p + "ffn_norm"], self.cfg.rms_eps))
-            if i in tap_layers:
-                taps.append(h)
+        return ForwardContext(positions, cache, past_lens, visible, anc, naive, attn, S)
+
+    def attention_block(self, layer: int, h: torch.Tensor, fc: "ForwardContext") -> torch.Tensor:
+        """h + attention(attn_norm(h)) of one layer; writes the layer's new cache rows."""
+        x = self.ops.rms_norm(h, self.w[f"layers.{layer}.attn_norm"], self.cfg.rms_eps)
+        return h + self._attention(layer, x, *fc)
+
+    def ffn_block(self, layer: int, h: torch.Tensor) -> torch.Tensor:
+        """h + ffn(ffn_norm(h)): the dense MLP or the MoE layer."""
+        return h + self._ffn(layer, self.ops.rms_norm(h, self.w[f"layers.{layer}.ffn_norm"], self.cfg.rms_eps))
+
+    def head(self, h: torch.Tensor, logit_rows: torch.Tensor | None = None) -> torch.Tensor:
+        """Final norm and lm_head -> float logits [B, T, V] ([B, 1, V] at logit_rows [B])."""
+        B = h.shape[0]
         hidden = self.ops.rms_norm(h, self.w["norm"], self.cfg.rms_eps)
         if logit_rows is not None:
             rows = logit_rows.to(torch.int64).view(B, 1, 1).expand(B, 1, hidden.shape[-1])
             hidden = torch.gather(hidden, 1, rows)  # [B, 1, d]
         logits = self.ops.linear(hidden, self.w["lm_head"])
-        logits = logits.float() if logits.dtype in HALF else logits
-        return ForwardOut(logits, torch.cat(taps, dim=-1) if taps else None)
+        return logits.float() if logits.dtype in HALF else logits
 
     def _attention(self, layer, x, positions, cache, past_lens, visible, anc, naive, attn, S) -> torch.Tensor:
         cfg, w = self.cfg, self.w
