@@ -321,8 +321,9 @@ def forward_cells(rec: Record) -> dict[str, Any]:
     parts = []
     for key, short in FLOOR_STAGES:
         st = f["stages"].get(key, {})
-        if st.get("bytes"):
-            parts.append(f"{short} {100 * st['time_s'] / f['time_s']:.0f}% of time, at {st['pct_of_floor']:.0f}% of floor")
+        if st.get("bytes"):   # pct None: a stage whose time came out <= 0 (others = whole - the stage graphs)
+            pct = "n/a" if st.get("pct_of_floor") is None else f"{st['pct_of_floor']:.0f}%"
+            parts.append(f"{short} {100 * st['time_s'] / f['time_s']:.0f}% of time, at {pct} of floor")
     head = f"{f['mode']}, {f['batch']}x{f['rows']} rows over {f['past']} keys: "
     return {"fwd_s": f["time_s"], "fwd_floor_s": f["floor_s"], "fwd_pct": f["pct_of_floor"],
             "fwd_stages": head + "; ".join(parts)}

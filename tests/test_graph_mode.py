@@ -5,6 +5,7 @@ eager AR token for token, and graph-mode speculative output equals graph-mode AR
 from __future__ import annotations
 
 import contextlib
+import copy
 import dataclasses
 import math
 import time
@@ -317,6 +318,11 @@ def test_report_cells(tmp_path):
     assert cells["fwd_stages"].startswith("eager, 2x9 rows over 8 keys: attn ")
     assert "moe" in cells["fwd_stages"] and "lm_head" in cells["fwd_stages"]
     assert forward_cells(dataclasses.replace(spec, extra={}))["fwd_s"] is None
+    # a stage whose graph time came out <= 0 has no % (the H200 run's "others" = whole - stage graphs < 0)
+    fwd = copy.deepcopy(spec.extra["forward"])
+    fwd["stages"]["moe"]["pct_of_floor"] = None
+    assert "moe" in forward_cells(dataclasses.replace(spec, extra={"forward": fwd}))["fwd_stages"]
+    assert "at n/a of floor" in forward_cells(dataclasses.replace(spec, extra={"forward": fwd}))["fwd_stages"]
 
 
 # ------------------------------------------------------------------------------------------- GPU (H200)
