@@ -90,6 +90,15 @@ def best(preds: list[Prediction]) -> dict[tuple[str, int], Prediction]:
     return out
 
 
+def live_check_budgets(budgets: list[int], best_budget: int) -> list[int]:
+    """The budgets a live check runs: the predicted best and its two nearest grid budgets (both below it when the
+    best is the grid's largest, both above when it is the smallest; fewer only when the grid has fewer)."""
+    grid = sorted(budgets)
+    i = grid.index(best_budget)
+    lo = min(max(i - 1, 0), max(len(grid) - 3, 0))
+    return grid[lo:lo + 3]
+
+
 def markdown(preds: list[Prediction], title: str) -> str:
     """The best-budget table (one row per policy and batch) then every point; all values MODELED."""
     b = best(preds)

@@ -227,3 +227,12 @@ def test_a_bad_shipped_fit_is_a_user_error(tmp_path):
 def test_the_pair_drafter_the_model_charges_is_the_shipped_one():
     from kdbench import pair
     assert cm.default_drafter(get_preset("kdbench-pair")) == pair.drafter_config()
+
+
+def test_live_check_budgets_are_the_best_and_its_two_nearest():
+    grid = [4, 8, 16, 32, 64, 128, 256, 512, 1024]
+    assert bb.live_check_budgets(grid, 64) == [32, 64, 128]
+    assert bb.live_check_budgets(grid, 1024) == [256, 512, 1024]   # top of the grid: both below
+    assert bb.live_check_budgets(grid, 4) == [4, 8, 16]            # bottom: both above
+    assert bb.live_check_budgets([16, 64], 64) == [16, 64]
+    assert bb.live_check_budgets(list(reversed(grid)), 8) == [4, 8, 16]

@@ -101,9 +101,7 @@ def check_batch(env, trace, prompts, cs, b: int) -> list[dict]:
     budgets = [x for x in BUDGETS if x <= trace.k]
     preds = {p.budget: p for p in bb.sweep(trace, [{"kind": "ddtree"}], budgets, [b], cs)}
     best = max(preds.values(), key=lambda p: p.tokens_per_s).budget
-    i = budgets.index(best)
-    lo = min(max(i - 1, 0), max(len(budgets) - 3, 0))     # best + its two nearest grid budgets (both below it
-    chosen = budgets[lo:lo + 3]                           # when the best is the largest budget of the grid)
+    chosen = bb.live_check_budgets(budgets, best)
     n = trace.rounds + 1
     generate(env.model, env.drafter_for(0, b), prompts, 4, Policy("ddtree", best), backend=env.backend)  # warm-up
     ar = generate(env.model, None, prompts, n, Policy("ar"), backend=env.backend)
