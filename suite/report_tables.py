@@ -96,8 +96,10 @@ def e2e_flags(rec: Record) -> list[str]:
     if rec.speedup_vs_ar < 1:
         out.append(f"speedup {rec.speedup_vs_ar:.2f}x < 1 vs AR")
     if not missing(rec.predicted_speedup) and abs(rec.predicted_speedup / rec.speedup_vs_ar - 1) > PREDICTION_OFF:
+        eff = rec.extra.get("slot_efficiency")   # kinds/e2e.slot_efficiency: finished requests keep their slots
+        why = f"; slot efficiency {eff:.2f}: predicted x it = {rec.predicted_speedup * eff:.2f}x" if eff else ""
         out.append(f"predicted {rec.predicted_speedup:.2f}x vs measured {rec.speedup_vs_ar:.2f}x "
-                   f"(off by more than {PREDICTION_OFF:.0%})")
+                   f"(off by more than {PREDICTION_OFF:.0%}{why})")
     if (rec.lossless or "").startswith("no"):
         out.append("greedy output differs from AR")
     return out
@@ -242,7 +244,8 @@ GEN_COLUMNS = [
     ("case", "case", "text"), ("policy", "policy", "text"), ("backend", "backend", "text"),
     ("dtype", "dtype", "text"), ("budget", "budget", "int"), ("status", "status", "text"), ("tau", "tau", "num"),
     ("tokens/s", "tokens_per_s", "num"), ("speedup vs AR", "speedup_vs_ar", "x"),
-    ("predicted speedup", "predicted_speedup", "x"), ("graph mode", "graph_mode", "text"),
+    ("predicted speedup", "predicted_speedup", "x"), ("slot efficiency", "slot_eff", "num"),
+    ("graph mode", "graph_mode", "text"),
     ("TTFT", "ttft_s", "time"), ("TPOT", "tpot_s", "time"),
     ("J / token", "energy_j_per_token", "num"), ("lossless", "lossless", "note"),
     ("forward", "fwd_s", "time"), ("forward floor", "fwd_floor_s", "time"), ("% of floor", "fwd_pct", "pct"),
@@ -300,7 +303,8 @@ def generation_rows(recs: list[Record], depths: int = 4) -> list[dict[str, Any]]
         policy = policy_label(r)
         budget = r.extra.get("budget", None if policy == "ar" else shape_of(r).get("budget"))  # AR has no tree
         out.append(row(r, policy=policy, budget=budget, per_depth=rates[:depths],
-                       more_depths=len(rates) > depths, note=extra_note, graph_mode=graph_mode(r), **forward_cells(r)))
+                       more_depths=len(rates) > depths, note=extra_note, graph_mode=graph_mode(r),
+                       slot_eff=r.extra.get("slot_efficiency"), **forward_cells(r)))
     return out
 
 

@@ -9,6 +9,8 @@ import pytest
 
 from kdbench import runner
 from kdbench.results import load_records
+from kdbench.engine.records import GenerateResult, StepRecord
+from kdbench.kinds.e2e import slot_efficiency
 
 ACCEPTANCE = """
 name: acc
@@ -196,3 +198,16 @@ def test_in_place_backends_never_rewrite_the_inputs():
     fn()
     fn()
     assert np.array_equal(inputs["cache"], before)
+
+
+def test_slot_efficiency_counts_finished_slots_and_discarded_tokens():
+    def step(i, taus):
+        return StepRecord(i, taus, tuple(max(t - 1, 0) for t in taus), tuple(1 for _ in taus), {"verify": 1})
+    # two requests, max_new_tokens 7 -> 6 decode tokens each: request 0 commits 3+3 in two steps, request 1
+    # 2+2+4 = 8 in three (2 past its limit are discarded); step 3 runs request 0's slot idle
+    res = GenerateResult(tokens=[[0] * 7, [0] * 7], steps=[step(0, (3, 2)), step(1, (3, 2)), step(2, (0, 4))])
+    eff = slot_efficiency([res], 7)
+    assert eff["live_slot_fraction"] == 5 / 6
+    assert eff["delivered_over_committed"] == 12 / 14
+    assert abs(eff["slot_efficiency"] - 5 / 6 * 12 / 14) < 1e-12
+    assert slot_efficiency([GenerateResult(tokens=[], steps=[])], 7) == {}

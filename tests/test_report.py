@@ -305,6 +305,9 @@ def test_e2e_rows_needing_a_look_are_flagged():
     assert e2e_flags(rec(1.5, 1.6)) == []
     assert e2e_flags(rec(0.8, 0.85)) == ["speedup 0.80x < 1 vs AR"]
     assert "off by more than 25%" in e2e_flags(rec(1.5, 2.0))[0]
+    tail = rec(0.95, 1.31)
+    tail.extra["slot_efficiency"] = 0.70           # a quarter of the batch's slots idle: the flag says so
+    assert "slot efficiency 0.70: predicted x it = 0.92x" in e2e_flags(tail)[1]
     assert e2e_flags(rec(1.5, 1.5, "no: near-tie (prompt 0)")) == ["greedy output differs from AR"]
     rows = attention_rows([rec(1.5, 1.6), rec(0.5, 0.5)])
     assert len(rows) == 1 and rows[0]["note"].startswith("speedup 0.50x")

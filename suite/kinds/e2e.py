@@ -46,7 +46,7 @@ def _run_backend(case, ctx, backend: str) -> Iterator[Record]:
                       "drafter": make(0, 1).name, "tau_convention": "tau counts the bonus token",
                       "ar_tokens_per_s": ar_rec.tokens_per_s, "ar_step_median_s": ar_rec.time_median_s,
                       "predicted_over_measured": rec.predicted_speedup / rec.speedup_vs_ar,
-                      "ar_graph_mode": mode})
+                      "ar_graph_mode": mode, **slot_efficiency(spec[0], s.max_new_tokens)})
     for r in (ar_rec, rec):
         r.extra.update({"graph_reason": why} if why else {})
     if mode == "graph":
@@ -171,6 +171,21 @@ def _first_line(exc: Exception) -> str:
 def _warm(model, drafter, all_prompts, s, policy, backend) -> None:
     n = min(WARMUP_TOKENS, s.max_new_tokens)
     generate(model, drafter, all_prompts[:s.batch], n, policy, s.temperature, 0, backend)
+
+
+def slot_efficiency(results, max_new_tokens: int) -> dict[str, float]:
+    """Why a batched run delivers less than tau per request-step: a step runs every request slot of the batch
+    (a graph has a fixed batch), finished ones included (live_slot_fraction = live request-steps / all
+    request-steps), and tokens a last step commits past max_new_tokens are discarded (delivered_over_committed).
+    slot_efficiency = their product; measured speedup ~ predicted x slot_efficiency (plans/0007)."""
+    live = sum(1 for r in results for st in r.steps for t in st.tau if t > 0)
+    slots = sum(len(st.tau) for r in results for st in r.steps)
+    committed = sum(t for r in results for st in r.steps for t in st.tau)
+    delivered = sum(len(r.tokens) for r in results) * (max_new_tokens - 1)   # as in _timed_record
+    if not slots or not committed:
+        return {}
+    frac, kept = live / slots, delivered / committed
+    return {"live_slot_fraction": frac, "delivered_over_committed": kept, "slot_efficiency": frac * kept}
 
 
 def _timed_record(case, ctx, backend: str, results, label: str, tel: dict, mode: str) -> Record:
