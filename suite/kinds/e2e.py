@@ -173,6 +173,12 @@ def _warm(model, drafter, all_prompts, s, policy, backend) -> None:
     generate(model, drafter, all_prompts[:s.batch], n, policy, s.temperature, 0, backend)
 
 
+def delivered_tokens(results, max_new_tokens: int) -> int:
+    """Decode tokens delivered: max_new_tokens per request, the first from prefill; tokens a last step commits
+    past max_new_tokens are discarded, so they do not count (their time does)."""
+    return sum(len(r.tokens) for r in results) * (max_new_tokens - 1)
+
+
 def slot_efficiency(results, max_new_tokens: int) -> dict[str, float]:
     """Why a batched run delivers less than tau per request-step: a step runs every request slot of the batch
     (a graph has a fixed batch), finished ones included (live_slot_fraction = live request-steps / all
@@ -181,7 +187,7 @@ def slot_efficiency(results, max_new_tokens: int) -> dict[str, float]:
     live = sum(1 for r in results for st in r.steps for t in st.tau if t > 0)
     slots = sum(len(st.tau) for r in results for st in r.steps)
     committed = sum(t for r in results for st in r.steps for t in st.tau)
-    delivered = sum(len(r.tokens) for r in results) * (max_new_tokens - 1)   # as in _timed_record
+    delivered = delivered_tokens(results, max_new_tokens)
     if not slots or not committed:
         return {}
     frac, kept = live / slots, delivered / committed
@@ -198,9 +204,7 @@ def _timed_record(case, ctx, backend: str, results, label: str, tel: dict, mode:
     t = timing.summarize(step_s)
     rec.time_median_s, rec.time_p20_s, rec.time_p80_s = t.median_s, t.p20_s, t.p80_s
     rec.samples_s, rec.n_samples = step_s, len(step_s)
-    # delivered decode tokens: max_new_tokens per request, the first from prefill; tokens a last step commits
-    # past max_new_tokens are discarded, so they do not count (their time does)
-    decode_tokens = sum(len(r.tokens) for r in results) * (case.shape.max_new_tokens - 1)
+    decode_tokens = delivered_tokens(results, case.shape.max_new_tokens)
     decode_s = float(np.sum(step_s))
     rec.tokens_per_s = decode_tokens / decode_s if decode_s > 0 else math.nan
     prefill = [r.prefill_ns * 1e-9 for r in results]
