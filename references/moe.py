@@ -79,15 +79,23 @@ def swiglu(x: np.ndarray, w1: np.ndarray, w2: np.ndarray, w3: np.ndarray) -> np.
     return (a * sigmoid(a) * (x @ w3.T)) @ w2.T
 
 
+def routed_experts(x: np.ndarray, idx: np.ndarray, w: np.ndarray, w1: np.ndarray, w2: np.ndarray,
+                   w3: np.ndarray) -> np.ndarray:
+    """sum_k w[n, k] Expert_{idx[n, k]}(x[n]), [N, d] float64; experts visited in ascending id; expert e's
+    weights are w1[e], w2[e], w3[e]."""
+    y = np.zeros_like(x, dtype=np.float64)
+    for e in np.unique(idx):
+        rows, slots = np.nonzero(idx == e)  # tokens routed to expert e and which of their k slots
+        y[rows] += w[rows, slots, None] * swiglu(x[rows], w1[e], w2[e], w3[e])
+    return y
+
+
 def moe_forward(weights: dict, cfg: ModelConfig, layer: int, x: np.ndarray) -> np.ndarray:
     """x [N, d] (ffn-normed) -> sum_k w_k Expert_{idx_k}(x) + SharedExpert(x), [N, d]."""
     p = f"layers.{layer}."
     idx, w = route(x, weights[p + "gate"], weights[p + "gate_bias"], cfg)
     w1, w2, w3 = (weights[p + f"experts.{n}"] for n in ("w1", "w2", "w3"))  # [E, mi, d], [E, d, mi], [E, mi, d]
-    y = np.zeros_like(x, dtype=np.float64)
-    for e in np.unique(idx):
-        rows, slots = np.nonzero(idx == e)  # tokens routed to expert e and which of their k slots
-        y[rows] += w[rows, slots, None] * swiglu(x[rows], w1[e], w2[e], w3[e])
+    y = routed_experts(x, idx, w, w1, w2, w3)
     if cfg.n_shared_experts > 0:
         y += swiglu(x, weights[p + "shared.w1"], weights[p + "shared.w2"], weights[p + "shared.w3"])
     return y
