@@ -62,14 +62,13 @@ def compare(got, want, tol: Tolerance) -> CheckResult:
 
 def _identical(got: np.ndarray, want: np.ndarray) -> bool:
     """Same values element for element (NaN equal to NaN): the result the full exact comparison would give
-    with every error 0. Compared in the reference's dtype when got converts to it exactly."""
+    with every error 0. Floats are compared in the wider of the two dtypes (each numpy float widens exactly to
+    it: a float32 reference of bf16-rounded inputs against a float64 result, or the other way)."""
     if got.dtype.kind in "iub" and want.dtype.kind in "iub":
         return bool(np.array_equal(got.astype(np.int64), want.astype(np.int64)))
-    if got.dtype.kind == "f" and want.dtype.kind == "f" and np.can_cast(got.dtype, want.dtype, "safe"):
-        return bool(np.array_equal(got.astype(want.dtype, copy=False), want, equal_nan=True))
-    if got.dtype.kind == "f" and want.dtype.kind == "f" and np.can_cast(want.dtype, got.dtype, "safe"):
-        # a float32 reference (bf16-rounded inputs) against a float64 result: widen the reference instead
-        return bool(np.array_equal(got, want.astype(got.dtype, copy=False), equal_nan=True))
+    if got.dtype.kind == "f" and want.dtype.kind == "f":
+        wide = np.promote_types(got.dtype, want.dtype)
+        return bool(np.array_equal(got.astype(wide, copy=False), want.astype(wide, copy=False), equal_nan=True))
     return False
 
 
