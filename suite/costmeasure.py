@@ -8,21 +8,13 @@ import numpy as np
 import torch
 
 from kdbench import pair, timing
+from kdbench.backends.chain_device import chain_anc
 from kdbench.engine.engine import generate, target_from_preset
 from kdbench.engine.stages import Policy
 from kdbench.model import moe
 from kdbench.model.drafter import BlockDrafter
-from kdbench.references.tree_build import build_tree_from_topk, pad_tree_arrays
 
 from .costfit import Measurement
-
-
-def chain_anc(rows: int, batch: int, device) -> torch.Tensor:
-    """[batch, rows, W] int64 ancestor bits of a chain: row i sees rows 0..i (the engine's layout)."""
-    n = rows - 1
-    tree = build_tree_from_topk(-np.arange(1, n + 1, dtype=np.float64)[:, None], np.zeros((n, 1), np.int64), n, 0)
-    bits = pad_tree_arrays(tree, rows)["bitmask"].view(np.int64)
-    return torch.from_numpy(np.ascontiguousarray(bits)).to(device).expand(batch, -1, -1).contiguous()
 
 
 class ExpertCounter:

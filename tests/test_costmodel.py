@@ -16,8 +16,10 @@ from kdbench import cli, costfit, costmeasure
 from kdbench import costmodel as cm
 from kdbench import trace as tr
 from kdbench.backends import torch_ops
+from kdbench.backends.chain_device import chain_anc
 from kdbench.references.model import weight_shapes
 from kdbench.references.model_config import get_preset
+from kdbench.references.tree_build import build_tree_from_topk, pad_tree_arrays
 
 
 @pytest.mark.parametrize("name,rel", [("kimi-k2-slice-2", 2e-3), ("kimi-k2", 2e-3), ("deepseek-v3", 2e-3),
@@ -131,7 +133,12 @@ def test_chain_anc_is_the_engine_chain():
     logits = torch.randn(2, 15, 50, dtype=torch.float64)
     tb = torch_ops.tree_build(logits, torch.full((2,), 9, dtype=torch.int32), torch.zeros(2, dtype=torch.int64),
                               torch.zeros(2, dtype=torch.int32), 9, torch_ops.build_chain)
-    assert torch.equal(costmeasure.chain_anc(10, 2, "cpu"), tb.anc)
+    assert torch.equal(chain_anc(10, 2, "cpu"), tb.anc)
+    for rows in (65, 130):                     # more than one mask word: against the reference builder's bits
+        n = rows - 1
+        ref = build_tree_from_topk(-np.arange(1, n + 1, dtype=np.float64)[:, None], np.zeros((n, 1), np.int64), n, 0)
+        bits = torch.from_numpy(np.ascontiguousarray(pad_tree_arrays(ref, rows)["bitmask"].view(np.int64)))
+        assert torch.equal(chain_anc(rows, 3, "cpu"), bits.expand(3, -1, -1))
 
 
 def test_measure_cell_on_the_cpu():

@@ -17,6 +17,12 @@ def pack_bits(vis: torch.Tensor) -> torch.Tensor:
     return (padded << shifts).sum(-1)   # distinct bits: the sum is the OR (bit 63 wraps to the sign, as uint64)
 
 
+def chain_anc(rows: int, batch: int, device) -> torch.Tensor:
+    """[batch, rows, W] int64 ancestor bits of a chain of `rows` nodes: row i sees rows 0..i (the engine's layout)."""
+    t = torch.arange(rows, device=device)
+    return pack_bits((t[None, :] <= t[:, None]).expand(batch, rows, rows))
+
+
 def build_chain(draft_logits: torch.Tensor, budgets: torch.Tensor, root_tokens: torch.Tensor,
                 past_lens: torch.Tensor, max_budget: int) -> TreeBatch:
     """draft_logits [B, L, V]; budgets [B] int32 in [0, max_budget], max_budget <= L; root_tokens [B] int64;

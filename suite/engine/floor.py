@@ -8,9 +8,9 @@ from collections.abc import Callable
 
 import torch
 
-from kdbench.backends.chain_device import pack_bits
+from kdbench.backends.chain_device import chain_anc
 from kdbench.model.moe import route
-from kdbench.timing import ceilings, floor_seconds, measure
+from kdbench.timing import ceilings, floor_seconds, measure, pct_of_floor_rate
 
 from .graph import GraphUnavailable
 
@@ -63,7 +63,7 @@ def _inputs(model, batch: int, rows: int, past: int, seed: int):
     tokens = torch.randint(0, cfg.vocab_size, (batch, rows), generator=gen, device=dev)
     t = torch.arange(rows, device=dev)
     positions = (past + t).expand(batch, rows).contiguous()
-    anc = pack_bits((t[None, :] <= t[:, None]).expand(batch, rows, rows)) if rows > 1 else None
+    anc = chain_anc(rows, batch, dev) if rows > 1 else None
     return tokens, positions, cache, cache.lengths, anc
 
 
@@ -116,7 +116,7 @@ def _cost(model, stage: str, layer: int, x: torch.Tensor, batch: int, rows: int,
     R, d = batch * rows, cfg.hidden
     act = 2 * R * d * es
     if stage == "lm_head":
-        logit = es + es + 4 if model.dtype.itemsize == 2 else es   # bf16 written, read by the cast, f32 written
+        logit = es + es + 4 if es == 2 else es   # bf16 written, read by the cast, f32 written
         return dict(bytes=_nbytes(model, ("norm", "lm_head")) + R * d * es + R * cfg.vocab_size * logit,
                     flops=2 * R * cfg.vocab_size * d)
     p = f"layers.{layer}."
@@ -141,23 +141,23 @@ def _cost(model, stage: str, layer: int, x: torch.Tensor, batch: int, rows: int,
 
 
 def _summary(model, timed, whole: float, mode: str, shape: dict, dev: str) -> dict:
-    c = ceilings("cpu" if dev == "cpu" else dev)
+    c = ceilings(dev)
     stages = {s: dict(time_s=0.0, bytes=0, flops=0) for s in STAGES}
-    experts = {}
+    experts = []
     for stage, t, cost in timed:
         stages[stage]["time_s"] += t
         stages[stage]["bytes"] += cost["bytes"]
         stages[stage]["flops"] += cost["flops"]
         if "experts" in cost:
-            experts[len(experts)] = cost["experts"]
+            experts.append(cost["experts"])
     B, T = shape["batch"], shape["rows"]
     stages["others"].update(time_s=whole - sum(t for _, t, _ in timed), bytes=2 * B * T * model.cfg.hidden * model.dtype.itemsize)
     for v in stages.values():
         v["mem_floor_s"] = v["bytes"] / c.copy_bytes_per_s
         v["floor_s"] = floor_seconds(v["bytes"], v["flops"], c)
-        v["pct_of_floor"] = 100.0 * v["floor_s"] / v["time_s"] if v["time_s"] > 0 else float("nan")
+        v["pct_of_floor"] = pct_of_floor_rate(v["floor_s"], v["time_s"])
     floor = sum(v["floor_s"] for v in stages.values())
     mem = sum(v["mem_floor_s"] for v in stages.values())
     return dict(mode=mode, **shape, time_s=whole, floor_s=floor, mem_floor_s=mem, pct_of_floor=100.0 * floor / whole,
-                pct_of_mem_floor=100.0 * mem / whole, stages=stages, experts_touched=list(experts.values()),
+                pct_of_mem_floor=100.0 * mem / whole, stages=stages, experts_touched=experts,
                 copy_bytes_per_s=c.copy_bytes_per_s, bf16_flops_per_s=c.bf16_flops_per_s, ceilings=c.source)
