@@ -58,7 +58,7 @@ def _run_backend(case, ctx, backend: str) -> Iterator[Record]:
     gen.note_attention(ar_rec, ar[0])
     gen.note_attention(rec, spec[0])
     if s.forward_floor:
-        ar_rec.extra.update(_cached(ctx, ("ar", "e2e-floor", _ar_key(case, backend)), lambda: _floor(
+        ar_rec.extra.update(_cached(ctx, ("ar", "e2e-floor", gen.ar_key(case, backend)), lambda: _floor(
             model, s.batch, 1, s.prompt_len, ar[0][0].attention)))
         rec.extra.update(_floor(model, s.batch, policy.nodes(s.draft_len) + 1, s.prompt_len, spec[0][0].attention))
     yield ar_rec
@@ -71,7 +71,7 @@ def _arms(case, ctx, model, all_prompts, policy: Policy, backend: str):
     it). Returns (ar, spec, eager, mode, why, make): ar / spec (results, telemetry) in `mode`, eager = the
     eager pair, why = the reason for eager mode, make = the drafter factory."""
     s, ar_policy = case.shape, Policy(kind="ar")
-    key = _ar_key(case, backend)
+    key = gen.ar_key(case, backend)
     ar = _cached(ctx, ("ar", "e2e-eager", key), lambda: _warm_and_run(model, None, all_prompts, s, ar_policy,
                                                                          backend, case.seed))
     make = gen.drafter_factory(case, ctx, model, all_prompts, ar[0])
@@ -86,13 +86,6 @@ def _arms(case, ctx, model, all_prompts, policy: Policy, backend: str):
         except (RuntimeError, ValueError) as exc:
             mode, why, (ar, spec) = "eager", f"graph capture failed: {_first_line(exc)}", eager
     return ar, spec, eager, mode, why, make
-
-
-def _ar_key(case, backend: str) -> tuple:
-    """What an AR run depends on (the target is cached per model / dtype / mode: a new one drops "ar" keys)."""
-    s = case.shape
-    return (s.model, s.dtype, s.batch_invariant, backend, s.category, s.prompt_len, s.prompts, s.max_new_tokens,
-            s.batch, s.temperature, case.seed if s.temperature > 0 else None)
 
 
 def _cached(ctx, key: tuple, make):
@@ -119,12 +112,8 @@ def arms_mode(model, policy: Policy, backend: str) -> tuple[str, str]:
 def _arm(model, make, all_prompts, s, policy: Policy, backend: str, seed: int, mode: str):
     """(results per batch, telemetry summary) of one arm in one mode (make None: AR)."""
     with Sampler() as tel:
-        if mode == "eager":
-            res = gen.run_batched(model, make, all_prompts, s, policy, backend, seed)
-        else:
-            res = [generate_graphed(model, make(i, i + len(chunk)) if make else None, chunk, s.max_new_tokens,
-                                    policy, s.temperature, seed + i, backend)
-                   for i, chunk in ((i, all_prompts[i:i + s.batch]) for i in range(0, len(all_prompts), s.batch))]
+        res = gen.run_batched(model, make, all_prompts, s, policy, backend, seed,
+                              run=None if mode == "eager" else generate_graphed)
     return res, tel.summary()
 
 
@@ -151,17 +140,17 @@ def _floor(model, batch: int, rows: int, past: int, attention: str) -> dict:
     """{"forward": the forward's per-stage time and floor (engine/floor.py)}: graphed on a GPU (eager with
     graph_reason if the capture fails), eager on the CPU. A failure of the timing itself gives
     {"forward_error": why} instead, and the e2e row stands."""
-    mode = "graph" if str(model.device).startswith("cuda") else "eager"
-    try:
+    why = ""
+    if str(model.device).startswith("cuda"):
         try:
-            return {"forward": forward_floor(model, batch, rows, past, mode, attn=attention)}
+            return {"forward": forward_floor(model, batch, rows, past, "graph", attn=attention)}
         except (RuntimeError, ValueError) as exc:
-            if mode == "eager":
-                raise
-            out = forward_floor(model, batch, rows, past, "eager", attn=attention)
-            return {"forward": {**out, "graph_reason": f"graph capture failed: {_first_line(exc)}"}}
+            why = f"graph capture failed: {_first_line(exc)}"
+    try:
+        out = forward_floor(model, batch, rows, past, "eager", attn=attention)
     except (RuntimeError, ValueError) as exc:   # torch.OutOfMemoryError is a RuntimeError
         return {"forward_error": f"forward floor ({rows} rows) failed: {_first_line(exc)}"}
+    return {"forward": {**out, "graph_reason": why} if why else out}
 
 
 def _first_line(exc: Exception) -> str:

@@ -78,24 +78,31 @@ def prompts(case, vocab: int) -> list[list[int]]:
     return out
 
 
-def ar_baseline(case, ctx, model, backend: str, batch_prompts) -> GenerateResult:
+def ar_key(case, backend: str) -> tuple:
+    """What an AR run of a case depends on (the target is cached per model / dtype / mode / moe, and a new
+    target drops every "ar" key); sampled AR runs also depend on the seed."""
     s = case.shape
-    key = ("ar", s.model, s.batch_invariant, s.moe, backend, s.category, s.prompt_len, s.prompts, s.max_new_tokens, s.batch, s.temperature,
-           case.seed if s.temperature > 0 else None)   # sampled AR runs depend on the seed
+    return (s.model, s.dtype, s.batch_invariant, s.moe, backend, s.category, s.prompt_len, s.prompts,
+            s.max_new_tokens, s.batch, s.temperature, case.seed if s.temperature > 0 else None)
+
+
+def ar_baseline(case, ctx, model, backend: str, batch_prompts) -> GenerateResult:
+    key = ("ar",) + ar_key(case, backend)
     if key not in ctx.cache:
-        ctx.cache[key] = run_batched(model, None, batch_prompts, s, Policy(kind="ar"), backend, case.seed)
+        ctx.cache[key] = run_batched(model, None, batch_prompts, case.shape, Policy(kind="ar"), backend, case.seed)
     return ctx.cache[key]
 
 
-def run_batched(model, make_drafter, all_prompts, s, policy: Policy, backend: str, seed: int
-                ) -> list[GenerateResult]:
-    """generate() over the prompts in batches of s.batch (one GenerateResult per batch);
-    make_drafter(first, last) builds the drafter for prompts[first:last] (None for AR)."""
-    out = []
+def run_batched(model, make_drafter, all_prompts, s, policy: Policy, backend: str, seed: int, *,
+                run=None) -> list[GenerateResult]:
+    """run (default generate(); or a function with its arguments: engine/graph_run.generate_graphed) over the prompts
+    in batches of s.batch (one GenerateResult per batch); make_drafter(first, last) builds the drafter for
+    prompts[first:last] (None for AR)."""
+    out, run = [], run or generate
     for i in range(0, len(all_prompts), s.batch):
         chunk = all_prompts[i:i + s.batch]
         drafter = make_drafter(i, i + len(chunk)) if make_drafter else None
-        out.append(generate(model, drafter, chunk, s.max_new_tokens, policy, s.temperature, seed + i, backend))
+        out.append(run(model, drafter, chunk, s.max_new_tokens, policy, s.temperature, seed + i, backend))
     return out
 
 
