@@ -4,6 +4,8 @@ loop, the Triton fused experts) and the shared expert. Rules follow references/m
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.nn.functional as F
 
@@ -111,7 +113,14 @@ def experts_op(dispatch: str, x: torch.Tensor, w1: torch.Tensor):
         raise ValueError(f"dispatch must be one of {DISPATCH_MODES}, got {dispatch!r}")
     if dispatch == "auto":
         return experts_grouped if _grouped_available(x, w1) else experts_loop
-    ok, why = registry.available("moe_" + dispatch, x.device.type)
+    return _registered_op(dispatch, x.device.type)
+
+
+@functools.cache
+def _registered_op(dispatch: str, device_type: str):
+    """The registry's experts function of a named dispatch, resolved once per (mode, device type): every MoE
+    layer of every forward asks (availability probes imports; an error is not cached and repeats)."""
+    ok, why = registry.available("moe_" + dispatch, device_type)
     if not ok:
         raise ValueError(f"moe dispatch {dispatch!r} cannot run here: {why}")
     return registry.get("moe_" + dispatch).op("moe_experts")
