@@ -10,7 +10,7 @@ import torch
 
 from kdbench import timing
 from kdbench.backends import cuda_ext
-from kdbench.families.tree_verify_mla import SCALE
+from kdbench.families.tree_verify_mla import SCALE, _tree_visibility
 from kdbench.references.tree_verify_mla import pack_anc_bits
 
 SHAPES = [(16, 64, 65, 8192), (1, 64, 65, 8192), (32, 8, 17, 32768), (8, 128, 257, 8192), (64, 8, 9, 32768),
@@ -26,19 +26,11 @@ def anc_of(vis: np.ndarray, b: int) -> torch.Tensor:
     return torch.from_numpy(pack_anc_bits(vis).view(np.int64)).to("cuda").expand(b, vis.shape[0], -1).contiguous()
 
 
-def random_tree(t: int) -> np.ndarray:
-    parents = [-1] + [int(rng.integers(0, i)) for i in range(1, t)]
-    vis = np.eye(t, dtype=bool)
-    for i in range(1, t):
-        vis[i, :i] = vis[parents[i], :i]
-    return vis
-
-
 for b, h, t, past in SHAPES:
     q = torch.randn(b, t, h, 576, generator=g, device="cuda").bfloat16()
     kv = torch.randn(b, past + t, 576, generator=g, device="cuda").bfloat16()
     lens = torch.full((b,), past, dtype=torch.int32, device="cuda")
-    trees = {"chain": anc_of(np.tril(np.ones((t, t), dtype=bool)), b), "random": anc_of(random_tree(t), b)}
+    trees = {kind: anc_of(_tree_visibility(t, kind, rng), b) for kind in ("chain", "random")}   # the family's trees
     flops = 2176.0 * h * t * b * (past + t)
     nbytes = b * (past + t) * 576 * 2 + b * t * h * (576 * 2 + 512 * 2 + 4)
     floor = max(nbytes / ceil.copy_bytes_per_s, flops / ceil.bf16_flops_per_s)
