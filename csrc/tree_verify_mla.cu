@@ -129,22 +129,10 @@ __device__ __forceinline__ void softmax_tile(float (&s)[4][4], float (&acc)[32][
     if (c == 0) red_max[ch * kBlockM + 16 * rg + g + 8 * h] = mx[h];
   }
   pair_sync(rg);
-  float m_use[2], alpha[2];
+  float m_new[2], m_use[2];
 #pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const float m_new = fmaxf(st.m[h], fmaxf(mx[h], red_max[(ch ^ 1) * kBlockM + 16 * rg + g + 8 * h]));
-    m_use[h] = m_new == -INFINITY ? 0.f : m_new;  // all masked so far: exp2(-inf - 0) = 0, no NaN
-    alpha[h] = exp2f(st.m[h] - m_use[h]);         // 0 while st.m is -inf (l and acc are 0 then)
-    st.m[h] = m_new;
-    st.l[h] *= alpha[h];
-  }
-  // Once the running max settles (most prefix tiles) every alpha is 1: skip the 128 multiplies.
-  if (__any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) {
-#pragma unroll
-    for (int j = 0; j < 32; ++j) {
-      acc[j][0] *= alpha[0], acc[j][1] *= alpha[0], acc[j][2] *= alpha[1], acc[j][3] *= alpha[1];
-    }
-  }
+  for (int h = 0; h < 2; ++h) m_new[h] = fmaxf(st.m[h], fmaxf(mx[h], red_max[(ch ^ 1) * kBlockM + 16 * rg + g + 8 * h]));
+  rescale(acc, st, m_new, m_use);
   uint8_t* p_tile = smem + kOffP;
 #pragma unroll
   for (int nt = 0; nt < 4; ++nt) {

@@ -57,24 +57,6 @@ __device__ __forceinline__ void pp_fence_regs(float (&acc)[32][4], uint32_t (&pa
   for (int k = 0; k < 4; ++k) reg_fence(pa[k][0]), reg_fence(pa[k][1]), reg_fence(pa[k][2]), reg_fence(pa[k][3]);
 }
 
-// Moves O and the row sums from the running max st.m to m_new (never smaller); exp2 base 0 while nothing is
-// visible (m_new = -inf), so exp2(-inf - 0) = 0 and no -inf - -inf appears. Returns the exponent base.
-__device__ __forceinline__ void pp_rescale(float (&acc)[32][4], RowState& st, const float (&m_new)[2],
-                                           float (&base)[2]) {
-  float alpha[2];
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    base[h] = m_new[h] == -INFINITY ? 0.f : m_new[h];
-    alpha[h] = exp2f(st.m[h] - base[h]);  // 0 while st.m is -inf (acc and l are 0 then)
-    st.m[h] = m_new[h];
-    st.l[h] *= alpha[h];
-  }
-  if (__any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) {  // settled max: skip 128 multiplies
-#pragma unroll
-    for (int j = 0; j < 32; ++j) acc[j][0] *= alpha[0], acc[j][1] *= alpha[0], acc[j][2] *= alpha[1], acc[j][3] *= alpha[1];
-  }
-}
-
 // The other warpgroup's tile j: wait for its P_j and m_j, move O to m_j, issue O += P_j V_j (smem P).
 __device__ __forceinline__ void pp_take_remote(float (&acc)[32][4], uint32_t (&pa)[4][4], RowState& st,
                                                const uint8_t* smem, uint32_t s_base, int j, int wg, const int (&row)[2]) {
@@ -84,7 +66,7 @@ __device__ __forceinline__ void pp_take_remote(float (&acc)[32][4], uint32_t (&p
   wgmma_wait<0>();  // own PV of the previous tile: acc final before the rescale
   pp_fence_regs(acc, pa);
   float base[2];
-  pp_rescale(acc, st, m_new, base);
+  rescale(acc, st, m_new, base);
   pp_pv_issue_smem(acc, s_base + kOffP, s_base + kOffKv + (j & 1) * kTileBytes, wg);
 }
 
@@ -112,7 +94,7 @@ __device__ __forceinline__ void pp_softmax_publish(float (&s)[8][4], float (&acc
     mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
     m_new[h] = fmaxf(st.m[h], mx[h]);
   }
-  pp_rescale(acc, st, m_new, base);
+  rescale(acc, st, m_new, base);
   uint8_t* p_tile = smem + kOffP;
 #pragma unroll
   for (int j = 0; j < 8; ++j) {

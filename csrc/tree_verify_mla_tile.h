@@ -113,6 +113,24 @@ struct RowState {
   float l[2];  // this lane's partial row sum (its 8 columns per tile), rescaled with m
 };
 
+// Moves O and the row sums from the running max st.m to m_new (never smaller); exp2 base 0 while nothing is
+// visible (m_new = -inf), so exp2(-inf - 0) = 0 and no -inf - -inf appears. Returns the exponent base.
+__device__ __forceinline__ void rescale(float (&acc)[32][4], RowState& st, const float (&m_new)[2],
+                                           float (&base)[2]) {
+  float alpha[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    base[h] = m_new[h] == -INFINITY ? 0.f : m_new[h];
+    alpha[h] = exp2f(st.m[h] - base[h]);  // 0 while st.m is -inf (acc and l are 0 then)
+    st.m[h] = m_new[h];
+    st.l[h] *= alpha[h];
+  }
+  if (__any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) {  // settled max: skip 128 multiplies
+#pragma unroll
+    for (int j = 0; j < 32; ++j) acc[j][0] *= alpha[0], acc[j][1] *= alpha[0], acc[j][2] *= alpha[1], acc[j][3] *= alpha[1];
+  }
+}
+
 // True unless all anc words of the node are zero (a padding node sees nothing, prefix included).
 __device__ __forceinline__ bool node_is_real(const uint64_t* anc_row, int words) {
   uint64_t any = 0;
