@@ -162,11 +162,7 @@ __global__ void __launch_bounds__(kThreads, 1) tree_verify_mla_kernel(const Para
   const int b = blockIdx.z, split = blockIdx.y, m0 = blockIdx.x * kBlockM;
   const Role w = role<kWgmma>();
   const int rows = p.nodes * p.heads;
-  const int past = max(p.past_lens[b], 0);
-  const int kv_end = min(past + p.nodes, p.cache_len);  // cache rows [0, kv_end) are attended; later rows never load
-  const int n_tiles = (kv_end + kBlockN - 1) / kBlockN;
-  const int t_begin = static_cast<int>(static_cast<int64_t>(n_tiles) * split / p.num_splits);
-  const int t_end = static_cast<int>(static_cast<int64_t>(n_tiles) * (split + 1) / p.num_splits);
+  const auto [past, kv_end, t_begin, t_end] = split_tiles(p, b, split);
   const __nv_bfloat16* kv = p.kv + static_cast<size_t>(b) * p.cache_len * kTvmDimQK;
   const uint32_t s_base = smem_addr(smem);
   if (t_begin < t_end) {
@@ -174,12 +170,8 @@ __global__ void __launch_bounds__(kThreads, 1) tree_verify_mla_kernel(const Para
     load_tile<kThreads>(s_base + kOffKv, kv, t_begin * kBlockN, kv_end, threadIdx.x);
     cp_async_commit();
   }
-  const uint64_t* anc_row[2];  // per owned row; null past the end of the request
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const int row = m0 + 16 * w.rg + (w.lane >> 2) + 8 * h;
-    anc_row[h] = row < rows ? p.anc + (static_cast<size_t>(b) * p.nodes + row / p.heads) * p.words : nullptr;
-  }
+  const uint64_t* anc_row[2];
+  anc_rows(p, b, m0, w, anc_row);
   float acc[32][4];
 #pragma unroll
   for (int j = 0; j < 32; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;

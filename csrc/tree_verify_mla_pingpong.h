@@ -124,11 +124,8 @@ __global__ void __launch_bounds__(kThreads, 1) tree_verify_mla_pingpong_kernel(c
   const int b = blockIdx.z, split = blockIdx.y, m0 = blockIdx.x * kBlockM;
   const Role w = role<true>();
   const int wg = w.ch, rows = p.nodes * p.heads;
-  const int past = max(p.past_lens[b], 0);
-  const int kv_end = min(past + p.nodes, p.cache_len);
-  const int n_tiles = (kv_end + kBlockN - 1) / kBlockN;
-  const int t_begin = static_cast<int>(static_cast<int64_t>(n_tiles) * split / p.num_splits);
-  const int n = static_cast<int>(static_cast<int64_t>(n_tiles) * (split + 1) / p.num_splits) - t_begin;
+  const auto [past, kv_end, t_begin, t_end] = split_tiles(p, b, split);
+  const int n = t_end - t_begin;
   const __nv_bfloat16* kv = p.kv + static_cast<size_t>(b) * p.cache_len * kTvmDimQK;
   const uint32_t s_base = smem_addr(smem), own_buf = s_base + kOffKv + wg * kTileBytes;
   if (n > 0) {
@@ -141,10 +138,8 @@ __global__ void __launch_bounds__(kThreads, 1) tree_verify_mla_pingpong_kernel(c
   }
   __syncthreads();
   const int row[2] = {16 * w.rg + (w.lane >> 2), 16 * w.rg + (w.lane >> 2) + 8};  // rows within the M-tile
-  const uint64_t* anc_row[2];  // null past the end of the request
-#pragma unroll
-  for (int h = 0; h < 2; ++h)
-    anc_row[h] = m0 + row[h] < rows ? p.anc + (static_cast<size_t>(b) * p.nodes + (m0 + row[h]) / p.heads) * p.words : nullptr;
+  const uint64_t* anc_row[2];
+  anc_rows(p, b, m0, w, anc_row);
   float acc[32][4];
   uint32_t pa[4][4] = {};
 #pragma unroll

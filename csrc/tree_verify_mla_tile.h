@@ -131,6 +131,29 @@ __device__ __forceinline__ void rescale(float (&acc)[32][4], RowState& st, const
   }
 }
 
+// The KV tiles split `split` of request b attends: cache rows [0, kv_end) (later rows never load), tiles
+// [t_begin, t_end) of them (an empty range for an empty split).
+struct SplitTiles {
+  int past, kv_end, t_begin, t_end;
+};
+__device__ __forceinline__ SplitTiles split_tiles(const Params& p, int b, int split) {
+  const int past = max(p.past_lens[b], 0);
+  const int kv_end = min(past + p.nodes, p.cache_len);
+  const int n_tiles = (kv_end + kBlockN - 1) / kBlockN;
+  return {past, kv_end, static_cast<int>(static_cast<int64_t>(n_tiles) * split / p.num_splits),
+          static_cast<int>(static_cast<int64_t>(n_tiles) * (split + 1) / p.num_splits)};
+}
+
+// The anc words of a thread's two accumulator rows (16 rg + lane / 4, + 8) of M-tile m0; null past the request.
+__device__ __forceinline__ void anc_rows(const Params& p, int b, int m0, Role w, const uint64_t* (&anc_row)[2]) {
+  const int rows = p.nodes * p.heads;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int row = m0 + 16 * w.rg + (w.lane >> 2) + 8 * h;
+    anc_row[h] = row < rows ? p.anc + (static_cast<size_t>(b) * p.nodes + row / p.heads) * p.words : nullptr;
+  }
+}
+
 // True unless all anc words of the node are zero (a padding node sees nothing, prefix included).
 __device__ __forceinline__ bool node_is_real(const uint64_t* anc_row, int words) {
   uint64_t any = 0;
