@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from kdbench import experts
+from kdbench.pair import DRAFTER_SHAPE
 from kdbench.model.drafter import DrafterConfig, drafter_shapes
 from kdbench.references.model_config import ModelConfig
 
@@ -205,13 +206,10 @@ class CostSetting:
     hw: Hardware = H200
 
 
-PAIR_DRAFTER = dict(tap_layers=(1, 2, 3), n_layers=2, n_heads=4, n_kv_heads=2, head_dim=64, intermediate=512)
-
-
 def default_drafter(cfg: ModelConfig, depth: int = 15) -> DrafterConfig:
-    """The drafter a modeled step charges: the trained pair's own shape for kdbench-pair (plans/0007, equal to
-    pair.drafter_config(): a test keeps them equal), else the block drafter scaled to the target."""
-    extra = PAIR_DRAFTER if cfg.name == "kdbench-pair" else {}
+    """The drafter a modeled step charges: the trained pair's own shape for kdbench-pair (pair.DRAFTER_SHAPE,
+    plans/0007), else the block drafter scaled to the target."""
+    extra = DRAFTER_SHAPE if cfg.name == "kdbench-pair" else {}
     return DrafterConfig.for_target(cfg, block_size=depth + 1, **extra)
 
 

@@ -22,10 +22,14 @@ PRESET = "kdbench-pair"
 TARGET_FILE, DRAFTER_FILE, META_FILE = "pair_target.kdtr", "pair_drafter.kdtr", "pair_meta.json"
 
 
+# The pair's drafter shape: 2 dense layers, 4 x 64 heads with 2 KV heads, taps of target layers 1-3 (the cost
+# model charges the same shape: costmodel.default_drafter).
+DRAFTER_SHAPE = dict(tap_layers=(1, 2, 3), n_layers=2, n_heads=4, n_kv_heads=2, head_dim=64, intermediate=512)
+
+
 def drafter_config() -> DrafterConfig:
-    """The pair's drafter shape: 2 dense layers, 4 x 64 heads with 2 KV heads, taps of target layers 1-3, B = 16."""
-    return DrafterConfig.for_target(get_preset(PRESET), tap_layers=(1, 2, 3), n_layers=2, n_heads=4,
-                                    n_kv_heads=2, head_dim=64, intermediate=512, block_size=16)
+    """The pair's drafter: DRAFTER_SHAPE with B = 16."""
+    return DrafterConfig.for_target(get_preset(PRESET), **DRAFTER_SHAPE, block_size=16)
 
 
 def read_meta(root: Path = DATA) -> dict:
