@@ -99,18 +99,21 @@ def main() -> None:
 
 def check_batch(env, trace, prompts, cs, b: int) -> list[dict]:
     budgets = [x for x in BUDGETS if x <= trace.k]
-    preds = {p.budget: p for p in bb.sweep(trace, [{"kind": "ddtree"}], budgets, [b], cs)}
+    replays = {}                              # Policy -> ReplayResult: live_row compares against the same ones
+    preds = {p.budget: p for p in bb.sweep(trace, [{"kind": "ddtree"}], budgets, [b], cs, cache=replays)}
     best = max(preds.values(), key=lambda p: p.tokens_per_s).budget
     chosen = bb.live_check_budgets(budgets, best)
     n = trace.rounds + 1
     generate(env.model, env.drafter_for(0, b), prompts, 4, Policy("ddtree", best), backend=env.backend)  # warm-up
     ar = generate(env.model, None, prompts, n, Policy("ar"), backend=env.backend)
     t_ar = step_median(ar)
-    return [live_row(env, trace, prompts, b, x, x == best, preds[x], t_ar) for x in chosen]
+    return [live_row(env, trace, prompts, b, x, x == best, preds[x], t_ar, replays[Policy("ddtree", x)])
+            for x in chosen]
 
 
-def live_row(env, trace, prompts, b: int, budget: int, is_best: bool, p, t_ar: float) -> dict:
-    """One live generate() at `budget`: step time, tau, tokens/s, replay == live, the router's experts."""
+def live_row(env, trace, prompts, b: int, budget: int, is_best: bool, p, t_ar: float, replayed) -> dict:
+    """One live generate() at `budget`: step time, tau, tokens/s, replay == live (replayed: the sweep's replay of
+    this budget), the router's experts."""
     model, backend = env.model, env.backend
     n_moe = sum(model.cfg.is_moe_layer(i) for i in range(model.cfg.n_layers))
     live = generate(model, env.drafter_for(0, b), prompts, trace.rounds + 1, Policy("ddtree", budget),
@@ -118,7 +121,7 @@ def live_row(env, trace, prompts, b: int, budget: int, is_best: bool, p, t_ar: f
     t = step_median(live)
     with ExpertCounter() as counter:   # a second, short run: the counter syncs the host, so it is not timed
         generate(model, env.drafter_for(0, b), prompts, 8, Policy("ddtree", budget), backend=backend)
-    same = rp.live_taus(live) == [list(x.tau) for x in rp.replay(trace, Policy("ddtree", budget)).prompts]
+    same = rp.live_taus(live) == [list(x.tau) for x in replayed.prompts]
     verify_counts = counter.counts[n_moe:]                          # the first n_moe calls are the prefill's
     return {"batch": b, "budget": budget, "predicted_best": is_best, "tau_replayed": p.tau,
             "tau_live": live.mean_tau, "replay_equals_live": same, "step_predicted_s": p.step_s,
