@@ -122,13 +122,14 @@ def _record(args):
     return make_trace(shape, f"trace-{args.seed}", args.device, batch=args.batch, seed=args.seed)[0]
 
 
-def _default_row_cost(ctx: int, depth: int) -> float:
+def _default_row_cost(ctx: int, depth: int) -> tuple[float, str]:
+    """(row cost of kimi-k2-slice-2 at batch 1 from the shipped fit, the fit's provenance)."""
     from kdbench import bestbudget as bb
     from kdbench import costfit
     from kdbench.references.model_config import get_preset
-    eff, curve, _ = costfit.shipped_setting("kimi-k2-slice-2")
+    eff, curve, source = costfit.shipped_setting("kimi-k2-slice-2")
     cs = bb.CostSetting(get_preset("kimi-k2-slice-2"), ctx, eff, curve)
-    return bb.row_cost(cs, 1, depth)
+    return bb.row_cost(cs, 1, depth), source
 
 
 def _replay(args) -> int:
@@ -143,9 +144,9 @@ def _replay(args) -> int:
     rows = []
     for spec in kinds:
         if spec["kind"] == "adaptive" and "row_cost" not in spec:
-            spec = {**spec, "row_cost": _default_row_cost(args.ctx, t.depth)}
-            print(f"adaptive: row_cost {spec['row_cost']:.4g} (cost model: kimi-k2-slice-2, batch 1, "
-                  f"{costfit.shipped_setting('kimi-k2-slice-2')[2]})")
+            cost, source = _default_row_cost(args.ctx, t.depth)
+            spec = {**spec, "row_cost": cost}
+            print(f"adaptive: row_cost {cost:.4g} (cost model: kimi-k2-slice-2, batch 1, {source})")
         for b in budgets:
             try:
                 res = rp.replay(t, Policy(**spec, budget=b), args.max_new)
