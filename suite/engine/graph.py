@@ -13,7 +13,7 @@ from kdbench.timing import measure, summarize
 
 from . import engine
 from .records import StageTimer
-from .stages import Policy
+from .stages import DEVICE_BUILT, Policy, device_built
 from .state import EngineState
 
 # Eager steps on the capture stream before the capture: lazy initialisation (cuBLAS handles and workspaces of
@@ -110,7 +110,7 @@ def _restore(run, st: EngineState, gens: tuple, snap: dict) -> None:
 
 # ------------------------------------------------------------------------------------------------ capture
 
-GRAPH_POLICIES = ("ar", "ddtree", "chain")   # steps with no host read: AR decode, the GPU-built trees
+GRAPH_POLICIES = ("ar",) + DEVICE_BUILT   # steps with no host read: AR decode, the GPU-built trees
 
 
 def capture_reason(model, policy: Policy, backend: str) -> str | None:
@@ -165,7 +165,7 @@ def _check_capturable(model, policy: Policy, backend: str, max_new_tokens: int, 
     if policy.kind not in GRAPH_POLICIES:
         raise ValueError(f"capture_step captures AR, DDTree and chain steps only, got {policy.label}: other "
                          f"policies build their trees in the torch host heap (not capturable)")
-    if policy.kind != "ar" and backend == "torch":
+    if policy.kind != "ar" and not device_built(policy.kind, backend):
         raise ValueError(f"capture_step needs a GPU stage backend for {policy.label}, got {backend!r}: the torch "
                          f"tree_build runs a host heap (reads the draft on the host), which a graph cannot capture")
     if not isinstance(max_new_tokens, int) or max_new_tokens < 1:

@@ -86,6 +86,14 @@ class Stages:
     kv_compact: Callable
 
 
+DEVICE_BUILT = ("ddtree", "chain")   # tree kinds a GPU stage backend builds on the device (its tree_build, argmax)
+
+
+def device_built(kind: str, backend: str) -> bool:
+    """Whether a policy kind's tree is built on the device (no host heap) on this stage backend."""
+    return kind in DEVICE_BUILT and backend != "torch"
+
+
 def get_stages(backend: str, policy: Policy) -> Stages:
     """The stage callables of a registry backend serving the engine. A backend's own tree_build is DDTree's
     Algorithm 1 only (the cuda kernel); a chain on such a backend is built on the device (chain_device.py);
@@ -102,9 +110,8 @@ def get_stages(backend: str, policy: Policy) -> Stages:
     def torch_build(logits, budgets, roots, past, max_budget):
         return torch_ops.tree_build(logits, budgets, roots, past, max_budget, build_one)
 
-    own_build = policy.kind == "ddtree" and entry.name != "torch"
-    build = entry.op("tree_build") if own_build else torch_build
-    if policy.kind == "chain" and entry.name != "torch":   # argmax chain on the device: no heap, capturable
-        build = chain_device.build_chain
+    build = torch_build
+    if device_built(policy.kind, entry.name):   # no host heap: capturable in a CUDA graph
+        build = entry.op("tree_build") if policy.kind == "ddtree" else chain_device.build_chain  # argmax chain
     return Stages(backend, backend, build,
                   entry.op("tree_accept_greedy"), entry.op("tree_accept_sampled"), entry.op("kv_compact"))
