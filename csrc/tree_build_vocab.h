@@ -105,7 +105,10 @@ __device__ Selection radix_select_ge(const uint64_t* keys, int n, int k, int tie
     __syncthreads();  // sel_* are rewritten by the next pass
     // Shared bits take their common value in t, undecided varying bits 0: keys >= t are exactly the kept ones.
     if (bin == krem) return {prefix | (common & ~vary & ~mask), k};  // the whole bin is taken
-    if (tie_slack > 0 && ((vary & ~mask) >> 32) == 0 && bin - krem <= tie_slack)
+    // Tie stop only on the pass that decided the value word: only then is `bin` every key at the cut value.
+    // After an id-bit pass `bin` counts one id digit, and keeping the whole value group under that count
+    // truncated an arbitrary (warp-order) subset of it (the H200 tie failures of 2026-12-01).
+    if (tie_slack > 0 && shift >= 32 && ((vary & ~mask) >> 32) == 0 && bin - krem <= tie_slack)
       return {(prefix | (common & ~vary & ~mask)) & 0xffffffff00000000ull, k - krem + bin};
   }
   return {prefix | (common & ~vary), k};  // unreachable: with every bit decided one key matches, bin == krem

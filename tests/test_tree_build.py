@@ -71,8 +71,8 @@ def _poison():
     del junk
 
 
-def _logits(case: Case, rng: np.random.Generator) -> tuple[np.ndarray, torch.Tensor]:
-    """[B, L, V] logits rounded through the case dtype: numpy float64 and the CUDA tensor hold the same values."""
+def logit_values(case: Case, rng: np.random.Generator) -> np.ndarray:
+    """[B, L, V] float64 logits already rounded through the case dtype (also read by the CPU emulation test)."""
     shape = (case.batch, case.depth, case.vocab)
     if case.logits == "ties":
         x = rng.integers(-4, 5, size=shape) * 0.5
@@ -83,8 +83,13 @@ def _logits(case: Case, rng: np.random.Generator) -> tuple[np.ndarray, torch.Ten
         x = rng.normal(0, 3.0, shape)
         if case.logits == "neginf":
             x[rng.random(shape) < 0.3] = -np.inf
-    t = torch.from_numpy(x).to(DTYPES[case.dtype])
-    return t.double().numpy(), t.to(DEVICE)
+    return torch.from_numpy(x).to(DTYPES[case.dtype]).double().numpy()
+
+
+def _logits(case: Case, rng: np.random.Generator) -> tuple[np.ndarray, torch.Tensor]:
+    """[B, L, V] logits rounded through the case dtype: numpy float64 and the CUDA tensor hold the same values."""
+    x = logit_values(case, rng)
+    return x, torch.from_numpy(x).to(DTYPES[case.dtype]).to(DEVICE)
 
 
 def _check(got, want, what: str, tol: Tolerance = Tolerance()):

@@ -1,6 +1,8 @@
 """Python emulation of the round-2 vocabulary pass (csrc/tree_build_vocab.h): the radix select with varying-bit
 windows and the tie-keeping stop, the streamed admission with strict thresholds, split + merge; exact against a
-sort on 400 key sets and 30 rows. Run: python3 select_emulation.py (prints ok / stream ok)."""
+sort on 400 key sets and 30 rows. Run: python3 select_emulation.py (prints ok / stream ok).
+It has the `shift>=32` guard the CUDA code lacked (the H200 tie failures): the device-granular emulation that
+reproduces them is tests/tree_build_vocab_emulation.py."""
 import numpy as np, random
 M64=(1<<64)-1
 def clz(x): return 64-x.bit_length()
