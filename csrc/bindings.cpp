@@ -3,7 +3,8 @@
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("tree_build", &kdb::tree_build, "DDTree build on the GPU (Algorithm 1 per request)");
-  m.def("tree_build_topk", &kdb::tree_build_topk, "fused top-K + logsumexp vocabulary pass");
+  m.def("tree_build_topk", &kdb::tree_build_topk, "fused top-K + logsumexp vocabulary pass",
+        pybind11::arg("draft_logits"), pybind11::arg("k"), pybind11::arg("splits") = 0);
   m.def("tree_verify_mla", &kdb::tree_verify_mla, "absorbed MLA attention under the ancestor mask",
         pybind11::arg("q"), pybind11::arg("kv"), pybind11::arg("past_lens"), pybind11::arg("anc"),
         pybind11::arg("scale"), pybind11::arg("impl") = "auto");

@@ -16,8 +16,9 @@ namespace kdb {
 std::vector<at::Tensor> tree_build(const at::Tensor& draft_logits, const at::Tensor& budgets,
                                    const at::Tensor& root_tokens, const at::Tensor& past_lens,
                                    int64_t max_budget);
-// The vocabulary pass alone: {top_lp [B,L,K] f32, top_tok [B,L,K] i64, lse [B,L] f32}.
-std::vector<at::Tensor> tree_build_topk(const at::Tensor& draft_logits, int64_t k);
+// The vocabulary pass alone: {top_lp [B,L,K] f32, top_tok [B,L,K] i64, lse [B,L] f32}. splits: blocks per
+// row (0 = chosen for the device; tests force values to check that every split gives the same result).
+std::vector<at::Tensor> tree_build_topk(const at::Tensor& draft_logits, int64_t k, int64_t splits);
 
 // tree_verify_mla: q [B,T,H,576] bf16, kv [B,S,576] bf16 (tree rows at past_len..past_len+T-1),
 // past_lens [B] i32, anc [B,T,W] i64, scale = softmax scale. Returns {o_lat [B,T,H,512] bf16, lse [B,T,H] f32}.

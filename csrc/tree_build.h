@@ -14,8 +14,9 @@ constexpr int kTreeBuildMaxK = 1024;     // top-K width limit of the vocabulary 
 constexpr int kTreeBuildMaxNodes = 1025;  // N = max_budget + 1
 constexpr int kTreeBuildMaxDepth = 255;  // L: depth is packed into 8 bits of a heap entry
 
-// Vocabulary pass: one block per row of V logits. Writes the row's top-k tokens ordered by logit
-// descending, equal logits by smaller token id, with log-probs logit - lse (lse over all V tokens).
+// Vocabulary pass: one block per (row, split) of V logits; split rows (few rows on many SMs) are merged by a
+// second launch. Writes the row's top-k tokens ordered by logit descending, equal logits by smaller token id,
+// with log-probs logit - lse (lse over all V tokens).
 struct TopkArgs {
   const void* logits;  // [rows, V] float32 or bfloat16, contiguous
   LogitDtype dtype;
@@ -25,7 +26,14 @@ struct TopkArgs {
   float* top_lp;       // [rows, k] out
   int64_t* top_tok;    // [rows, k] out
   float* lse;          // [rows] out, natural log; may be null
+  int splits = 1;      // blocks per row (tree_build_topk_plan); > 1 needs the two work buffers
+  int chunks_per_split = 0;
+  uint64_t* part_keys = nullptr;  // [rows, splits, k] work: each split's sorted top keys
+  float* part_ms = nullptr;       // [rows, splits, 2] work: each split's (max, sum of exp(x - max))
 };
+// Splits per row for these sizes on `device` (forced > 0: that many, capped at the number of 4096-logit
+// chunks; used by tests); sets chunks_per_split. Call before launching; the caller allocates the work.
+cudaError_t tree_build_topk_plan(TopkArgs& a, int forced, int device);
 cudaError_t tree_build_topk_launch(const TopkArgs& a, cudaStream_t stream);
 
 // Builder: one block per request; a shared-memory 4-ary heap popped by one thread in float64, then all

@@ -34,7 +34,10 @@ void check_vec(const at::Tensor& t, const char* name, at::ScalarType dt, const a
               ", got shape ", kdb::fmt(t.sizes()));
 }
 
-TopkArgs topk_args(const at::Tensor& logits, int64_t k, at::Tensor& top_lp, at::Tensor& top_tok, float* lse) {
+// Arguments of the vocabulary pass, planned for this device; split rows get their work buffers here (the
+// caching allocator: no host sync, CUDA-graph safe). `work` keeps them alive until the launch is queued.
+TopkArgs topk_args(const at::Tensor& logits, int64_t k, at::Tensor& top_lp, at::Tensor& top_tok, float* lse,
+                   int64_t splits, std::vector<at::Tensor>& work) {
   TopkArgs a;
   a.logits = logits.data_ptr();
   a.dtype = logits.scalar_type() == at::kFloat ? LogitDtype::kF32 : LogitDtype::kBF16;
@@ -44,12 +47,21 @@ TopkArgs topk_args(const at::Tensor& logits, int64_t k, at::Tensor& top_lp, at::
   a.top_lp = top_lp.data_ptr<float>();
   a.top_tok = top_tok.data_ptr<int64_t>();
   a.lse = lse;
+  check_launch(tree_build_topk_plan(a, int(std::min<int64_t>(splits, INT32_MAX)), logits.get_device()),
+               "tree_build (plan)");
+  if (a.splits > 1) {
+    const auto opt = logits.options();
+    work.push_back(at::empty({a.rows, a.splits, k}, opt.dtype(at::kLong)));
+    work.push_back(at::empty({a.rows, a.splits, 2}, opt.dtype(at::kFloat)));
+    a.part_keys = reinterpret_cast<uint64_t*>(work[0].data_ptr<int64_t>());
+    a.part_ms = work[1].data_ptr<float>();
+  }
   return a;
 }
 
 }  // namespace
 
-std::vector<at::Tensor> tree_build_topk(const at::Tensor& draft_logits, int64_t k) {
+std::vector<at::Tensor> tree_build_topk(const at::Tensor& draft_logits, int64_t k, int64_t splits) {
   check_logits(draft_logits);
   const int64_t B = draft_logits.size(0), L = draft_logits.size(1), V = draft_logits.size(2);
   TORCH_CHECK(k >= 1 && k <= std::min<int64_t>(V, kTreeBuildMaxK), "k must be in [1, min(V, ", kdb::fmt(kTreeBuildMaxK),
@@ -59,7 +71,9 @@ std::vector<at::Tensor> tree_build_topk(const at::Tensor& draft_logits, int64_t 
   at::Tensor top_lp = at::empty({B, L, k}, f32);
   at::Tensor top_tok = at::empty({B, L, k}, draft_logits.options().dtype(at::kLong));
   at::Tensor lse = at::empty({B, L}, f32);
-  const TopkArgs a = topk_args(draft_logits, k, top_lp, top_tok, lse.data_ptr<float>());
+  TORCH_CHECK(splits >= 0, "splits must be >= 0 (0 = automatic), got ", kdb::fmt(splits));
+  std::vector<at::Tensor> work;
+  const TopkArgs a = topk_args(draft_logits, k, top_lp, top_tok, lse.data_ptr<float>(), splits, work);
   check_launch(tree_build_topk_launch(a, c10::cuda::getCurrentCUDAStream()), "tree_build_topk");
   return {top_lp, top_tok, lse};
 }
@@ -96,7 +110,8 @@ std::vector<at::Tensor> tree_build(const at::Tensor& draft_logits, const at::Ten
   at::Tensor scores = at::empty({B, N}, opt.dtype(at::kDouble));
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   if (K > 0 && L > 0) {
-    const TopkArgs a = topk_args(draft_logits, K, top_lp, top_tok, nullptr);
+    std::vector<at::Tensor> work;
+    const TopkArgs a = topk_args(draft_logits, K, top_lp, top_tok, nullptr, 0, work);
     check_launch(tree_build_topk_launch(a, stream), "tree_build (vocabulary pass)");
   }
   TreeBuildArgs a;

@@ -51,6 +51,10 @@ CASES = [
     Case(4, 6, 3001, 1024, "bfloat16", "ties", 20, ragged=True),
     Case(3, 15, 1022, 100, "float32", "neginf", 21),          # -inf logits: zero-probability tokens
     Case(1, 1, 4096, 5, "float32", "normal", 22),             # L = 1
+    # batch 1 and 8 split V across blocks (tree_build_topk_plan) and merge: ties across split boundaries
+    Case(1, 15, 163840, 64, "bfloat16", "normal", 23),
+    Case(1, 15, 163840, 1024, "bfloat16", "ties", 24),
+    Case(8, 15, 100003, 256, "float32", "peaked", 25),        # odd V: scalar loads, 25 chunks over the splits
 ]
 IDS = [f"b{c.batch}-L{c.depth}-V{c.vocab}-B{c.budget}-{c.dtype}-{c.logits}" for c in CASES]
 
@@ -67,8 +71,8 @@ def _poison():
     del junk
 
 
-def _logits(case: Case, rng: np.random.Generator) -> tuple[np.ndarray, torch.Tensor]:
-    """[B, L, V] logits rounded through the case dtype: numpy float64 and the CUDA tensor hold the same values."""
+def logit_values(case: Case, rng: np.random.Generator) -> np.ndarray:
+    """[B, L, V] float64 logits already rounded through the case dtype (also read by the CPU emulation test)."""
     shape = (case.batch, case.depth, case.vocab)
     if case.logits == "ties":
         x = rng.integers(-4, 5, size=shape) * 0.5
@@ -79,8 +83,13 @@ def _logits(case: Case, rng: np.random.Generator) -> tuple[np.ndarray, torch.Ten
         x = rng.normal(0, 3.0, shape)
         if case.logits == "neginf":
             x[rng.random(shape) < 0.3] = -np.inf
-    t = torch.from_numpy(x).to(DTYPES[case.dtype])
-    return t.double().numpy(), t.to(DEVICE)
+    return torch.from_numpy(x).to(DTYPES[case.dtype]).double().numpy()
+
+
+def _logits(case: Case, rng: np.random.Generator) -> tuple[np.ndarray, torch.Tensor]:
+    """[B, L, V] logits rounded through the case dtype: numpy float64 and the CUDA tensor hold the same values."""
+    x = logit_values(case, rng)
+    return x, torch.from_numpy(x).to(DTYPES[case.dtype]).to(DEVICE)
 
 
 def _check(got, want, what: str, tol: Tolerance = Tolerance()):
@@ -103,6 +112,31 @@ def test_topk_matches_reference(case):
         m = x_np[b].max(axis=1)
         want_lse = m + np.log(np.exp(x_np[b] - m[:, None]).sum(axis=1))
         _check(lse[b], want_lse, f"lse[{b}]", Tolerance(rtol=case.lp_rtol, atol=case.lp_atol))
+
+
+# Forced splits per row (0 = the device's choice): every split count must give the reference top-K exactly.
+SPLIT_CASES = [
+    (Case(1, 4, 100003, 1024, "bfloat16", "ties", 41), (1, 2, 7, 25)),   # 25 chunks: 7 does not divide them
+    (Case(1, 15, 163840, 64, "bfloat16", "normal", 42), (1, 3, 40)),
+    (Case(2, 3, 4099, 64, "float32", "ties", 43), (2,)),    # the last split holds 3 logits < k: padded list
+    (Case(1, 2, 8200, 1, "bfloat16", "normal", 44), (3,)),   # budget 1; the last split holds 8 logits
+    (Case(3, 2, 12289, 1000, "float32", "neginf", 45), (4,)),
+]
+
+
+@gpu
+@pytest.mark.parametrize("case, splits", SPLIT_CASES, ids=[f"{c.vocab}-k{c.budget}-{c.logits}" for c, _ in SPLIT_CASES])
+def test_topk_split_counts_agree_with_reference(case, splits):
+    rng = np.random.default_rng(case.seed)
+    x_np, x = _logits(case, rng)
+    k = min(case.budget, case.vocab)
+    want = [ref.topk_logprobs(x_np[b], k) for b in range(case.batch)]
+    for s in splits:
+        _poison()
+        top_lp, top_tok, _ = (t.cpu().numpy() for t in _ext().tree_build_topk(x, k, s))
+        for b in range(case.batch):
+            _check(top_tok[b], want[b][1], f"splits {s}: top_tok[{b}]")
+            _check(top_lp[b], want[b][0], f"splits {s}: top_lp[{b}]", Tolerance(rtol=case.lp_rtol, atol=case.lp_atol))
 
 
 def _inputs(case: Case, rng: np.random.Generator):
@@ -170,6 +204,8 @@ def test_bad_inputs_name_the_argument():
         _ext().tree_build(x, i32, roots, i32, 1025)
     with pytest.raises(RuntimeError, match="draft_logits must be float32 or bfloat16"):
         _ext().tree_build(x.half(), i32, roots, i32, 8)
+    with pytest.raises(RuntimeError, match="splits must be >= 0"):
+        _ext().tree_build_topk(x, 8, -1)
 
 
 @gpu
@@ -194,8 +230,9 @@ def test_cuda_graph_replay_matches_eager():
         assert torch.equal(a, b), name
 
 
-# The builder's heap (BestFirst in csrc/tree_build.cu is __host__ __device__) run on the host: per case
-# "L K budget" then L*K float32 bit patterns in hex; prints n, then per node "parent rank depth score fc ns".
+# The builder (par::build, then BestFirst when it declines; both __host__ __device__) run on the host: per case
+# "L K budget" then L*K float32 bit patterns in hex; prints "n used_parallel", then per node
+# "parent rank depth score fc ns".
 HOST_HARNESS = r"""
 #include "tree_build.cu"
 #include <cstdio>
@@ -215,10 +252,25 @@ int main() {
     std::vector<double> hs(N + 8), score(N);
     std::vector<uint32_t> hp(N + 8);
     std::vector<int> parent(N), rank(N), depth(N), fc(N, -1), ns(N, -1);
+    // the parallel path first (any budget >= 1 here), as build_kernel does; the heap when it declines
+    const int cap = kdb::par::cap_for(budget);
+    int pw = 1;
+    while (pw < cap) pw <<= 1;
+    std::vector<double> pS(cap);
+    std::vector<uint64_t> pkey(pw);
+    std::vector<int> pint(7 * cap + L + 2 + kdb::par::kScratch);
+    int* pi = pint.data();
+    kdb::par::ParTables pt{pS.data(), pi, pi + cap, pi + 2 * cap, pi + 3 * cap, pi + 4 * cap, pi + 5 * cap,
+                          pi + 6 * cap, pkey.data(), pi + 7 * cap, pi + 7 * cap + L + 2};
+    int n = -1;
+    if (budget >= 1 && kb > 0 && L <= kdb::par::kMaxDepth)
+      n = kdb::par::build<kdb::par::HostBlk>(pt, lp.data(), L, kb, budget, cap, parent.data(), rank.data(),
+                                            depth.data(), score.data(), fc.data(), ns.data());
+    const int used_par = n >= 0;
     kdb::BestFirst bf{hs.data() + 3, hp.data() + 3, parent.data(), rank.data(), depth.data(), score.data(),
                       fc.data(), ns.data(), lp.data(), L, kb, 0};
-    const int n = bf.run(budget);
-    printf("%d\n", n);
+    if (n < 0) n = bf.run(budget);
+    printf("%d %d\n", n, used_par);
     for (int i = 0; i < n; ++i) printf("%d %d %d %a %d %d\n", parent[i], rank[i], depth[i], score[i], fc[i], ns[i]);
   }
   return 0;
@@ -252,8 +304,8 @@ def _heap_cases(rng: np.random.Generator) -> list[tuple[int, int, np.ndarray]]:
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc (compiles the builder for the host)")
 def test_builder_heap_on_host_matches_reference(tmp_path):
-    """The GPU builder's heap code, compiled for the host, against the reference heap: parents, ranks,
-    depths, float64 scores and child links bit-exact, ties broken by rank tuple as in heapq."""
+    """The GPU builder's code (parallel path and heap), compiled for the host, against the reference heap:
+    parents, ranks, depths, float64 scores and child links bit-exact, ties broken by rank tuple as in heapq."""
     src, exe = tmp_path / "heap_host.cu", tmp_path / "heap_host"
     src.write_text(HOST_HARNESS)
     cmd = [cuda_build.nvcc_path() or "nvcc", *cuda_build.CUDA_FLAGS, *cuda_build.arch_flags((9, 0)),
@@ -266,13 +318,20 @@ def test_builder_heap_on_host_matches_reference(tmp_path):
         lines += [f"{L} {lp.shape[1]} {budget}", " ".join(f"{u:08x}" for u in lp.view(np.uint32).ravel())]
     out = subprocess.run([str(exe)], input="\n".join(lines), capture_output=True, text=True, check=True).stdout
     rows = iter(out.splitlines())
+    used = []
     for i, (budget, L, lp) in enumerate(cases):
-        got = [next(rows).split() for _ in range(int(next(rows)))]
+        n, par = (int(v) for v in next(rows).split())
+        used.append(par)
+        got = [next(rows).split() for _ in range(n)]
         tok = np.arange(lp.size).reshape(lp.shape)
         tree = ref.build_tree_from_topk(lp.astype(np.float64), tok, budget, 0)
         first, nxt = ref.first_child_next_sibling(tree)
         want = list(zip(tree.parents, tree.ranks, tree.depths, tree.scores, first, nxt))
-        assert len(got) == tree.size, f"case {i}: {len(got)} nodes, want {tree.size}"
+        assert len(got) == tree.size, f"case {i} (parallel {par}): {len(got)} nodes, want {tree.size}"
         for j, (g, w) in enumerate(zip(got, want)):
             g = (int(g[0]), int(g[1]), int(g[2]), float.fromhex(g[3]), int(g[4]), int(g[5]))
-            assert g == tuple(float(v) if k == 3 else int(v) for k, v in enumerate(w)), f"case {i} node {j}"
+            assert g == tuple(float(v) if k == 3 else int(v) for k, v in enumerate(w)), f"case {i} node {j} (parallel {par})"
+    # both paths ran: the parallel one on most tables with budget >= 1, the heap on the rest (inexact sums, ties)
+    positive = [u for u, (budget, _, _) in zip(used, cases) if budget > 0]
+    assert 0.4 * len(positive) < sum(positive) < len(positive), f"parallel path on {sum(positive)} of {len(positive)}"
+    assert used[-2] == 1, "the random budget-1024 table takes the parallel path"

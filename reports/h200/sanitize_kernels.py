@@ -15,6 +15,10 @@ for dtype in (torch.bfloat16, torch.float32):
     past = torch.tensor([1, 63, 4097], dtype=torch.int32, device=dev)
     tree = cuda_ext.tree_build(logits, budgets, roots, past, 65)
     cuda_ext.tree_build_topk(logits, 65)
+    # V split across blocks and merged (forced splits; batch 1 picks them itself): a short last split
+    split_logits = torch.randn(1, 3, 9001, generator=g, device=dev).to(dtype)
+    cuda_ext.tree_build_topk(split_logits, 65, 3)
+    cuda_ext.tree_build(split_logits, budgets[:1], roots[:1], past[:1], 65)
 # tree_accept greedy and sampled on that tree
 target = torch.randint(0, 1001, tree.tokens.shape, generator=g, device=dev)
 cuda_ext.tree_accept_greedy(tree.tokens, tree.first_child, tree.next_sibling, tree.n_nodes, target, 15)

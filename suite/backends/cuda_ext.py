@@ -20,9 +20,11 @@ def tree_build(draft_logits: torch.Tensor, budgets: torch.Tensor, root_tokens: t
     return TreeBatch(*load().tree_build(draft_logits, budgets, root_tokens, past_lens, int(max_budget)))
 
 
-def tree_build_topk(draft_logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The vocabulary pass alone: (top_lp [B, L, k] f32, top_tok [B, L, k] i64, lse [B, L] f32)."""
-    top_lp, top_tok, lse = load().tree_build_topk(draft_logits, int(k))
+def tree_build_topk(draft_logits: torch.Tensor, k: int,
+                    splits: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The vocabulary pass alone: (top_lp [B, L, k] f32, top_tok [B, L, k] i64, lse [B, L] f32). splits: blocks
+    per row, 0 = chosen for the device (one wave); tests force it to compare split and unsplit results."""
+    top_lp, top_tok, lse = load().tree_build_topk(draft_logits, int(k), int(splits))
     return top_lp, top_tok, lse
 
 

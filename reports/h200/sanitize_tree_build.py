@@ -1,0 +1,22 @@
+"""The tree_build kernels alone (vocabulary pass unsplit, split + merge, builder) on small odd inputs, for
+compute-sanitizer (memcheck, racecheck) within a short GPU call; sanitize_kernels.py runs every family.
+Usage: compute-sanitizer --tool memcheck python3 reports/h200/sanitize_tree_build.py"""
+import torch
+
+from kdbench.backends import cuda_ext
+
+dev = "cuda"
+g = torch.Generator(device=dev).manual_seed(0)
+for dtype in (torch.bfloat16, torch.float32):
+    for b, v, budget in ((3, 1001, 65), (1, 9001, 65), (1, 20483, 1024)):   # unsplit; split with a short tail
+        # normal logits, then 9-value ties (the tied cut group is wider than K + K/2: the prunes' id-bit passes)
+        normal = torch.randn(b, 15, v, generator=g, device=dev).mul_(3)
+        ties = torch.randint(-4, 5, (b, 15, v), generator=g, device=dev).float().mul_(0.5)
+        for logits in (normal.to(dtype), ties.to(dtype)):
+            budgets = torch.full((b,), budget, dtype=torch.int32, device=dev)
+            roots = torch.arange(b, dtype=torch.int64, device=dev)
+            past = torch.full((b,), 63, dtype=torch.int32, device=dev)
+            cuda_ext.tree_build(logits, budgets, roots, past, budget)
+            cuda_ext.tree_build_topk(logits, min(budget, v), 3)
+torch.cuda.synchronize()
+print("sanitize_tree_build: all kernels ran")

@@ -1,0 +1,56 @@
+"""tree_build round 2 on the GPU: the vocabulary pass alone and the whole build on the grid batch 1/8/32/64 x
+budget 16/64/256/1024 x V 32000/163840 (L 15, bf16 logits), CUDA events after warm-up (median, p20, p80), the
+read-once memory floor beside each, torch topk + logsumexp as the vocabulary baseline, tokens of request 0
+checked against the reference. Writes OUT/tree_build_grid.json after every shape. Usage: python3 THIS OUT_DIR"""
+import json
+import sys
+
+import numpy as np
+import torch
+
+from kdbench import timing
+from kdbench.backends import cuda_ext
+from kdbench.references.tree_build import topk_logprobs
+
+L = 15
+out, rows = sys.argv[1], []
+ceil = timing.ceilings("cuda")
+
+
+def summary(t):
+    return {"median_s": t.median_s, "p20_s": t.p20_s, "p80_s": t.p80_s}
+
+
+def torch_vocab(x, k):
+    xf = x.float()
+    top = torch.topk(xf, k, dim=-1)
+    return top.values - torch.logsumexp(xf, dim=-1, keepdim=True), top.indices
+
+
+for v in (163840, 32000):        # the issue's headline shapes first: a call cut short still has them
+    for b in (1, 32, 8, 64):
+        logits = torch.randn(b, L, v, device="cuda").mul_(3).bfloat16()
+        roots = torch.zeros(b, dtype=torch.int64, device="cuda")
+        past = torch.full((b,), 100, dtype=torch.int32, device="cuda")
+        for budget in (16, 64, 256, 1024):
+            k = min(budget, v)
+            budgets = torch.full((b,), budget, dtype=torch.int32, device="cuda")
+            vp = timing.measure(lambda: cuda_ext.tree_build_topk(logits, k), warmup=2, repeat=11, device="cuda")
+            wb = timing.measure(lambda: cuda_ext.tree_build(logits, budgets, roots, past, budget),
+                                warmup=2, repeat=11, device="cuda")
+            tv = timing.measure(lambda: torch_vocab(logits, k), warmup=1, repeat=5, device="cuda")
+            top_lp, top_tok, _ = cuda_ext.tree_build_topk(logits, k)
+            ref_lp, ref_tok = topk_logprobs(logits[0].float().cpu().numpy(), k)
+            floor = logits.numel() * 2 / ceil.copy_bytes_per_s        # bf16 logits read once
+            row = dict(batch=b, budget=budget, vocab=v, floor_s=floor, vocab_pass=summary(vp),
+                       whole_build=summary(wb), torch_vocab=summary(tv),
+                       vocab_x_floor=vp.median_s / floor, build_target_s=3 * floor + 10e-6,
+                       tokens_exact=bool(np.array_equal(top_tok[0].cpu().numpy(), ref_tok)),
+                       max_abs_lp_err=float(np.abs(top_lp[0].cpu().numpy() - ref_lp).max()))
+            rows.append(row)
+            print(f"B{b:>2} budget {budget:>4} V{v}: floor {floor*1e6:6.1f} us | vocab {vp.median_s*1e6:7.1f} us "
+                  f"({vp.median_s/floor:5.1f}x) | build {wb.median_s*1e6:7.1f} us (target {row['build_target_s']*1e6:.1f}) "
+                  f"| torch vocab {tv.median_s*1e6:7.1f} us | exact {row['tokens_exact']} err {row['max_abs_lp_err']:.1e}",
+                  flush=True)
+            with open(f"{out}/tree_build_grid.json", "w") as fh:
+                json.dump({"ceilings": ceil.__dict__, "rows": rows}, fh, indent=1)

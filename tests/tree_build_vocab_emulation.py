@@ -1,0 +1,169 @@
+"""numpy emulation of the tree_build vocabulary pass (csrc/tree_build_vocab.h) at the device's granularity: the
+chunk / thread / warp layout of admission and compaction, warps taking their slots in any order, `sm.count = kept`
+after a prune, split + merge and the planner. Used by tests/test_tree_build_emulation.py (CPU, no CUDA)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+THREADS, PER, WARPS = 256, 16, 8        # vocab::kThreads, kPer, kWarps
+CHUNK = THREADS * PER                   # 4096 logits per block step
+CAP = 6144                              # vocab::kCap keys of shared memory
+COMPACT_AT = CAP - CHUNK                # prune when more than this are held
+H200_SMS = 132
+U64 = np.uint64
+
+
+@dataclass(frozen=True)
+class Device:
+    """What the emulation models: warp_order 'asc' | 'desc' | 'random' (the order in which a step's warps win
+    their shared atomics); guarded=False is the round-2 code the H200 failed (tie stop after an id-bit pass)."""
+    warp_order: str = "random"
+    guarded: bool = True
+    seed: int = 0
+
+
+def make_keys(x: np.ndarray, ids: np.ndarray) -> np.ndarray:
+    """make_key: float_order_key(x) << 32 | ~id; x float32 [n], ids [n] -> uint64 [n]; -0 and +0 one key."""
+    u = np.where(x == 0, np.float32(0), x).astype(np.float32).view(np.uint32)
+    okey = np.where(u & np.uint32(0x80000000), ~u, u | np.uint32(0x80000000))
+    return (okey.astype(U64) << U64(32)) | (~ids.astype(np.uint32)).astype(U64)
+
+
+def value_of(key_hi: int) -> np.float32:
+    """float_from_order_key of a key's high word (NaN -> -inf as prune() does)."""
+    k = np.uint32(key_hi)
+    u = k & np.uint32(0x7FFFFFFF) if k & np.uint32(0x80000000) else ~k
+    f = np.array([u], np.uint32).view(np.float32)[0]
+    return np.float32(-np.inf) if np.isnan(f) else f
+
+
+def radix_select_ge(keys: np.ndarray, k: int, tie_slack: int, dev: Device) -> tuple[int, int]:
+    """radix_select_ge: (t, kept), the device's digit windows and exits. The device trusts `kept` as the count of
+    keys >= t; callers check that."""
+    o, a = int(np.bitwise_or.reduce(keys)), int(np.bitwise_and.reduce(keys))
+    vary, common, m64 = o ^ a, a, (1 << 64) - 1
+    prefix = mask = 0
+    krem = k
+    while vary & ~mask & m64:
+        hi = (vary & ~mask & m64).bit_length() - 1
+        shift = max(hi - 7, 32 if hi >= 32 else 0)      # digits never straddle the value / id words
+        dmask = (2 << (hi - shift)) - 1
+        match = keys[(keys & U64(mask)) == U64(prefix)]
+        hist = np.bincount(((match >> U64(shift)) & U64(dmask)).astype(np.int64), minlength=256)[::-1]
+        incl = np.cumsum(hist)                          # keys from the top bin down (find_digit)
+        i = int(np.argmax(incl >= krem))
+        prefix |= (255 - i) << shift
+        mask |= dmask << shift
+        krem -= int(incl[i] - hist[i])
+        binc = int(hist[i])
+        t = prefix | (common & ~vary & ~mask & m64)
+        if binc == krem:
+            return t, k
+        value_decided = ((vary & ~mask & m64) >> 32) == 0
+        if tie_slack > 0 and (shift >= 32 or not dev.guarded) and value_decided and binc - krem <= tie_slack:
+            return t & 0xFFFFFFFF00000000, k - krem + binc
+    raise AssertionError("unreachable: distinct keys end with bin == krem")
+
+
+def _warp_rank(rounds: int, rng: np.random.Generator, dev: Device) -> np.ndarray:
+    """[rounds, WARPS] arrival rank of each warp in each block step."""
+    if dev.warp_order == "asc":
+        return np.tile(np.arange(WARPS), (rounds, 1))
+    if dev.warp_order == "desc":
+        return np.tile(np.arange(WARPS)[::-1], (rounds, 1))
+    return np.argsort(rng.random((rounds, WARPS)), axis=1).argsort(axis=1)
+
+
+def prune(keys: np.ndarray, k: int, tie_slack: int, rng: np.random.Generator, dev: Device):
+    """prune(): survivors compacted in rounds of 4 * THREADS slots (warp slots in arrival order, then lane, then
+    q), then `sm.count = kept` truncates. Returns (held, t, kept, survivors)."""
+    t, kept = radix_select_ge(keys, k, tie_slack, dev)
+    p = np.arange(keys.size)
+    rnd, q, tid = p // (4 * THREADS), (p % (4 * THREADS)) // THREADS, p % THREADS
+    rank = _warp_rank(int(rnd.max()) + 1, rng, dev)[rnd, tid // 32]
+    order = np.lexsort((q, tid % 32, rank, rnd))        # slot order: round, warp arrival, lane, q
+    surv = keys[order][keys[order] >= U64(t)]
+    assert kept <= surv.size, "kept > survivors: the device would count stale slots"
+    return surv[:kept], t, kept, surv.size
+
+
+def _admit(x: np.ndarray, c: int, vw: int, thr: np.float32, rng: np.random.Generator, dev: Device) -> np.ndarray:
+    """admit() over chunk c: thread tid's element j is chunk_index<VW>(c, j); a warp appends its lanes' passing
+    keys (lane order, j order) at the slot its atomic won."""
+    j, tid = np.arange(PER)[None, :], np.arange(THREADS)[:, None]
+    idx = c * CHUNK + (j // vw) * (THREADS * vw) + tid * vw + j % vw   # [THREADS, PER]
+    valid = idx < x.size
+    vals = np.where(valid, x[np.minimum(idx, x.size - 1)], np.float32(-np.inf))
+    ok = valid & (vals >= thr)
+    parts = [make_keys(vals[w * 32:(w + 1) * 32][ok[w * 32:(w + 1) * 32]],
+                       idx[w * 32:(w + 1) * 32][ok[w * 32:(w + 1) * 32]]) for w in range(WARPS)]
+    rank = _warp_rank(1, rng, dev)[0]
+    return np.concatenate([parts[w] for w in np.argsort(rank)])
+
+
+def _finish_sorted(held: np.ndarray, k: int, rng: np.random.Generator, dev: Device) -> np.ndarray:
+    """finish_sorted(): an exact prune to k, sorted descending, 0-padded to k."""
+    if held.size > k:
+        held = prune(held, k, 0, rng, dev)[0]
+    out = np.zeros(k, U64)
+    out[:held.size] = np.sort(held)[::-1]
+    return out
+
+
+def stream_block(x: np.ndarray, c0: int, c1: int, k: int, vw: int, rng: np.random.Generator, dev: Device):
+    """topk_kernel for one (row, split) block over chunks [c0, c1) of the row x (float32 [V])."""
+    held, thr = np.zeros(0, U64), np.float32(-np.inf)
+    for c in range(c0, c1):
+        vw_c = vw if c < x.size // CHUNK else 1          # the tail chunk goes through scalar loads
+        held = np.concatenate([held, _admit(x, c, vw_c, thr, rng, dev)])
+        if held.size > COMPACT_AT:
+            held, t, kept, _ = prune(held, k, k // 2, rng, dev)
+            tv = value_of(t >> 32)
+            thr = np.nextafter(tv, np.float32(np.inf)) if kept == k else tv   # strict after an exact prune
+    return _finish_sorted(held, k, rng, dev)
+
+
+def merge(parts: np.ndarray, k: int, rng: np.random.Generator, dev: Device) -> np.ndarray:
+    """merge_kernel: the splits' sorted lists (splits * k keys) admitted in steps of CHUNK (element j of thread tid
+    is base + j * THREADS + tid), exact prunes, thr = max(thr, t)."""
+    held, thr = np.zeros(0, U64), 1
+    for base in range(0, parts.size, CHUNK):
+        step = np.zeros(CHUNK, U64)
+        seg = parts[base:base + CHUNK]
+        step[:seg.size] = seg
+        per_tid = step.reshape(PER, THREADS).T                      # [THREADS, PER]
+        rank = _warp_rank(1, rng, dev)[0]
+        for w in np.argsort(rank):
+            blk = per_tid[w * 32:(w + 1) * 32].ravel()
+            held = np.concatenate([held, blk[blk >= U64(thr)]])
+        if held.size > COMPACT_AT:
+            held, t, _, _ = prune(held, k, 0, rng, dev)
+            thr = max(thr, t)
+    return _finish_sorted(held, k, rng, dev)
+
+
+def plan(rows: int, vocab: int, k: int, forced: int = 0, sms: int = H200_SMS) -> tuple[int, int]:
+    """tree_build_topk_plan: (splits, chunks_per_split)."""
+    nchunks = -(-vocab // CHUNK)
+    fill = max(1, sms * 4 // max(rows, 1))
+    want = forced if forced > 0 else min(fill, max(2, 8192 // max(k, 1)))
+    cps = -(-nchunks // max(1, min(want, nchunks)))
+    return -(-nchunks // cps), cps
+
+
+def topk_tokens(x: np.ndarray, k: int, forced: int, dev: Device, elem_bytes: int) -> np.ndarray:
+    """tree_build_topk's top_tok for logits x [rows, V] (values exactly float32): [rows, k] int64."""
+    rows, V = x.shape
+    splits, cps = plan(rows, V, k, forced)
+    vw = 16 // elem_bytes if (V * elem_bytes) % 16 == 0 else 1      # 16-byte vectors when rows stay aligned
+    nchunks = -(-V // CHUNK)
+    rng = np.random.default_rng(dev.seed)
+    out = np.zeros((rows, k), np.int64)
+    for r in range(rows):
+        xr = x[r].astype(np.float32)
+        parts = [stream_block(xr, s * cps, min(nchunks, (s + 1) * cps), k, vw, rng, dev) for s in range(splits)]
+        keys = parts[0] if splits == 1 else merge(np.concatenate(parts), k, rng, dev)
+        out[r] = (~(keys & U64(0xFFFFFFFF)).astype(np.uint32)).astype(np.int64)
+    return out
