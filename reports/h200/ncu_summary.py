@@ -1,5 +1,5 @@
 """Nsight Compute's raw page (`ncu --import R.ncu-rep --csv --page raw`) -> one markdown row per kernel launch:
-duration, SM / memory / DRAM throughput (% of peak, elapsed), DRAM bytes and rate, L2 hit rate, achieved
+duration, SM / memory / DRAM throughput (% of peak, elapsed), the DRAM rate, L2 hit rate, achieved
 occupancy, registers, the tensor pipe's active % and the three largest warp-stall reasons (cycles per issued
 instruction). The columns are found by name pattern because ncu versions differ in which they write.
 Usage: python3 reports/h200/ncu_summary.py RAW.csv [--label TEXT] >> OUT.md"""
@@ -9,15 +9,15 @@ import re
 import pandas as pd
 
 COLUMNS = (   # (header, metric pattern, scale)
-    ("us", r"^gpu__time_duration\.sum$", 1e-3),
+    ("us", r"^gpu__time_duration\.sum$", 1e-3),                       # normalised to ns below
     ("SM %", r"^sm__throughput\.avg\.pct_of_peak_sustained_elapsed$", 1),
     ("mem %", r"^gpu__compute_memory_throughput\.avg\.pct_of_peak_sustained_elapsed$", 1),
-    ("DRAM %", r"^dram__throughput\.avg\.pct_of_peak_sustained_elapsed$", 1),
-    ("DRAM MB", r"^dram__bytes\.sum$", 1e-6),
+    ("DRAM %", r"^gpu__dram_throughput\.avg\.pct_of_peak_sustained_elapsed$", 1),
+    ("DRAM GB/s", r"^dram__bytes\.sum\.per_second$", 1e-9),               # normalised to byte/s
     ("L2 hit %", r"^lts__t_sector_hit_rate\.pct$", 1),
     ("occupancy %", r"^sm__warps_active\.avg\.pct_of_peak_sustained_active$", 1),
     ("regs", r"^launch__registers_per_thread$", 1),
-    ("tensor %", r"^sm__pipe_tensor_op_gmma_cycles_active\.avg\.pct_of_peak_sustained_active$", 1),
+    ("tensor %", r"^sm__pipe_tensor_cycles_active\.avg\.pct_of_peak_sustained_active$", 1),
 )
 STALL = re.compile(r"^smsp__average_warp(?:_latency|s)_issue_stalled_(\w+?)(?:_per_issue_active)?\.ratio$")
 
@@ -32,13 +32,14 @@ def number(v) -> float | None:
 def load(path: str) -> pd.DataFrame:
     """Rows = launches; the raw page's second line holds units (ns, %, byte...), dropped after reading."""
     df = pd.read_csv(path, dtype=str)
-    if number(df.iloc[0].get("ID")) is not None:       # no units row
+    if not pd.isna(df.iloc[0].get("Kernel Name")):     # no units row
         return df
     units = df.iloc[0]
     df = df.iloc[1:].reset_index(drop=True)
     for col in df.columns:     # normalise byte/time units so the scales above hold
         unit = str(units[col])
-        factor = {"Kbyte": 1e3, "Mbyte": 1e6, "Gbyte": 1e9, "usecond": 1e3, "msecond": 1e6}.get(unit)
+        factor = {"Kbyte": 1e3, "Mbyte": 1e6, "Gbyte": 1e9, "Kbyte/s": 1e3, "Mbyte/s": 1e6, "Gbyte/s": 1e9,
+                  "Tbyte/s": 1e12, "us": 1e3, "ms": 1e6, "usecond": 1e3, "msecond": 1e6}.get(unit)
         if factor:
             df[col] = [str(number(v) * factor) if number(v) is not None else v for v in df[col]]
     return df
