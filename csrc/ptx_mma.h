@@ -137,12 +137,15 @@ __device__ __forceinline__ void wgmma_wait() {
 #endif
 }
 __device__ __forceinline__ void reg_fence(uint32_t& v) { asm volatile("" : "+r"(v)::"memory"); }
-// Named barriers (ids 1..15; 0 is __syncthreads). arrive does not wait: a producer's signal to a consumer that
-// syncs on the same id with the same thread count (both sides' counts together = n).
-#ifndef KDB_RACECHECK_ARRIVE_AS_SYNC
-__device__ __forceinline__ void named_arrive(int id, int n) { asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(n) : "memory"); }
-#else  // diagnosis build only (reports/h200/racecheck_pingpong.cu): the producer waits too, same ordering
-__device__ __forceinline__ void named_arrive(int id, int n) { asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory"); }
+// Named barriers (ids 1..15; 0 is __syncthreads); both sides' thread counts together = n. named_signal is the
+// ping-pong's producer-to-consumer signal: bar.sync by default, so the producer waits for the consumer as well.
+// bar.arrive (no wait) orders the same accesses per the PTX ISA, but compute-sanitizer racecheck does not model
+// the arrive -> sync edge (7-8 reported hazards, 0 with bar.sync), and on the H200 bar.sync cost +0.05 .. +1.0 %
+// (plans/0004, 2026-12-01 s3). -DKDB_PINGPONG_BAR_ARRIVE builds the arrive form for that A/B.
+#ifdef KDB_PINGPONG_BAR_ARRIVE
+__device__ __forceinline__ void named_signal(int id, int n) { asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(n) : "memory"); }
+#else
+__device__ __forceinline__ void named_signal(int id, int n) { asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory"); }
 #endif
 __device__ __forceinline__ void named_sync(int id, int n) { asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory"); }
 

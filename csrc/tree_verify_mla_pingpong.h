@@ -10,7 +10,7 @@ namespace kdb {
 namespace tvm {
 
 // Named barrier ids (0 = __syncthreads, 1..4 = pair_sync in the epilogue). 256-thread ones: the producer
-// warpgroup arrives, the consumer syncs.
+// warpgroup signals (named_signal: bar.sync, see ptx_mma.h), the consumer syncs.
 constexpr int kBarReady = 5;   // + tile parity: P_i in smem and m_i in s_max, published by tile i's owner
 constexpr int kBarFree = 7;    // + buffer: the non-owner finished its PV on the buffer's tile (buffer may refill)
 constexpr int kBarLoaded = 9;  // + warpgroup (128 threads): the warpgroup's own cp.async tile landed
@@ -111,7 +111,7 @@ __device__ __forceinline__ void pp_softmax_publish(float (&s)[8][4], float (&acc
   float* s_max = reinterpret_cast<float*>(smem + kOffMax);
   if (c == 0) s_max[row[0]] = st.m[0], s_max[row[1]] = st.m[1];
   fence_proxy_async_smem();  // P is read by the other warpgroup's wgmma (async proxy)
-  named_arrive(kBarReady + (i & 1), 2 * 128);
+  named_signal(kBarReady + (i & 1), 2 * 128);
 }
 
 // Grid (row tiles, splits, batch), 256 threads, one CTA per SM. Warpgroup wg owns local tiles i = wg, wg + 2, ...
@@ -164,7 +164,7 @@ __global__ void __launch_bounds__(kThreads, 1) tree_verify_mla_pingpong_kernel(c
     pp_qk_issue(s, s_base, own_buf);
     if (i >= 1) {
       wgmma_wait<1>();  // the remote PV (issued first) is done: its buffer may refill
-      if (i + 1 < n) named_arrive(kBarFree + (wg ^ 1), 2 * 128);
+      if (i + 1 < n) named_signal(kBarFree + (wg ^ 1), 2 * 128);
     }
     wgmma_wait<0>();
     pp_fence_regs(acc, pa);

@@ -1,10 +1,10 @@
 // Diagnosis of the racecheck report on tree_verify_mla's ping-pong path (plans/0004): the kernel file compiled
 // standalone (no torch) and launched on the three sanitize_kernels.py shapes, path chosen on the command line.
-// Built twice: as shipped, and with -DKDB_RACECHECK_ARRIVE_AS_SYNC (every bar.arrive becomes bar.sync, the same
-// happens-before edges with a waiting producer). If only the shipped build is flagged, the hazards come from
-// racecheck not treating bar.arrive -> bar.sync as an edge. Usage: racecheck_pingpong {mma|wgmma|pingpong} [time]
+// Built twice: as shipped (the producer signals with bar.sync) and with -DKDB_PINGPONG_BAR_ARRIVE (bar.arrive, the
+// form shipped until 2026-12-01 s3). racecheck flags the arrive build only: it does not treat bar.arrive ->
+// bar.sync as an edge. Usage: racecheck_pingpong {mma|wgmma|pingpong} [time]
 // `time`: the three shapes whose 1.25x-over-the-cascade target is missed, CUDA events (3 warm-up, median of 15),
-// so the two builds' cost can be compared (what a racecheck-clean default would cost).
+// so the two builds' cost can be compared.
 #include "../../csrc/tree_verify_mla.cu"
 
 #include <algorithm>

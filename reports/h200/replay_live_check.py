@@ -104,7 +104,9 @@ def check_batch(env, trace, prompts, cs, b: int) -> list[dict]:
     best = max(preds.values(), key=lambda p: p.tokens_per_s).budget
     chosen = bb.live_check_budgets(budgets, best)
     n = trace.rounds + 1
-    generate(env.model, env.drafter_for(0, b), prompts, 4, Policy("ddtree", best), backend=env.backend)  # warm-up
+    for x in chosen:   # warm-up of every timed shape (batch 1 came first and ran 40 % slow with one warm-up)
+        generate(env.model, env.drafter_for(0, b), prompts, 8, Policy("ddtree", x), backend=env.backend)
+    generate(env.model, None, prompts, 8, Policy("ar"), backend=env.backend)
     ar = generate(env.model, None, prompts, n, Policy("ar"), backend=env.backend)
     t_ar = step_median(ar)
     return [live_row(env, trace, prompts, b, x, x == best, preds[x], t_ar, replays[Policy("ddtree", x)])

@@ -1,8 +1,8 @@
 """The fused Triton MoE experts (kdbench/model/moe_triton.py) on small odd shapes, for compute-sanitizer
 (memcheck, racecheck): hidden and intermediate not multiples of the 64-wide tiles (the EVEN_K = False masks),
-expert counts with unused experts, rows 1 / 3 / 37 / 129 / 1031 (all three BM row-block sizes), routing with
-repeated experts per token allowed by random idx; each output checked against the torch emulation of the plan
-(float32), so a masked-off tail that went missing fails here too. Prints one line per shape, exits 1 on a mismatch.
+expert counts with unused experts, rows 1 / 3 / 37 / 129 / 1031 / 4100 (all three BM row-block sizes), k distinct
+random experts per token; each output checked against the torch emulation of the plan
+(float64 on the host), so a masked-off tail that went missing fails here too. Prints one line per shape, exits 1 on a mismatch.
 Usage: compute-sanitizer --tool memcheck python3 reports/h200/sanitize_moe_triton.py"""
 import sys
 
@@ -13,16 +13,16 @@ from kdbench.model.moe_plan import emulate
 
 dev, bad = "cuda", 0
 g = torch.Generator(device=dev).manual_seed(11)
-for e, mi, d, k, rows in ((13, 200, 328, 8, (1, 3, 37)), (7, 64, 128, 2, (129, 1031)), (384, 96, 520, 8, (5,))):
+for e, mi, d, k, rows in ((13, 200, 328, 8, (1, 3, 37)), (7, 64, 128, 2, (129, 1031, 4100)), (384, 96, 520, 8, (5,))):
     w1, w3 = (torch.randn(e, mi, d, generator=g, device=dev).mul_(d ** -0.5).bfloat16() for _ in range(2))
     w2 = torch.randn(e, d, mi, generator=g, device=dev).mul_(mi ** -0.5).bfloat16()
     for n in rows:
         x = torch.randn(n, d, generator=g, device=dev).bfloat16()
         idx = torch.stack([torch.randperm(e, generator=g, device=dev)[:k] for _ in range(n)])
         wts = torch.rand(n, k, generator=g, device=dev)
-        got = moe_triton.experts(x, idx, wts, w1, w2, w3).float()
-        want = emulate(x.float(), idx, wts, w1.float(), w2.float(), w3.float(),
-                       moe_triton.block_rows(n * k)).float()
+        got = moe_triton.experts(x, idx, wts, w1, w2, w3).float().cpu()
+        cpu = [t.cpu() for t in (x, idx, wts, w1, w2, w3)]                # emulate is a host loop (float64)
+        want = emulate(*cpu, moe_triton.block_rows(n * k)).float()
         rel = float((got - want).norm() / want.norm())
         bad += rel > 2e-2
         print(f"E {e} mi {mi} d {d} k {k} rows {n}: rel L2 vs emulation {rel:.1e}", flush=True)
