@@ -2,7 +2,10 @@
 held-out text prompts, or the keyed synthetic drafter on a random slice's greedy continuation), predict
 tokens/s vs DDTree budget per batch size with the cost model fitted to the measured cells of THIS model, then
 run generate() live (eager) at the predicted best budget and its two neighbours (and AR) per batch, and put
-measured step time, tokens/s, tau and speedup beside the predictions. Usage:
+measured step time, tokens/s, tau and speedup beside the predictions. Batch 1 runs --b1-prompts prompts one
+after another (one prompt's ~16 rounds make a noisy tau). --invariant: the trained pair's batch-invariant target
+(plans/0010) and a trace recorded at each batch size, so replay == live must hold round by round on the GPU too
+(in default bf16 the verify rows' numerics move the drafter's features and the target's near-ties). Usage:
   python3 reports/h200/replay_live_check.py OUT_DIR --measured M.jsonl [--model kdbench-pair] [--batches 1,8,32]
 Writes OUT_DIR/live_check_<model>.json and .md."""
 import argparse
@@ -15,6 +18,7 @@ import numpy as np
 import torch
 
 from kdbench import bestbudget as bb
+from kdbench import pair
 from kdbench import costfit, costmeasure
 from kdbench import replay as rp
 from kdbench import trace as tr
@@ -31,14 +35,18 @@ BUDGETS = [4, 8, 16, 32, 64, 128, 256, 512, 1024]
 TEXT = ("code", "prose", "structured")
 
 
-def step_median(res) -> float:
-    return float(np.median([sum(s.stage_ns.values()) * 1e-9 for s in res.steps[1:]]))
+def step_median(results: list) -> float:
+    """Median step time (s) over the steps of the given generate() results, each one's first step left out."""
+    return float(np.median([sum(s.stage_ns.values()) * 1e-9 for res in results for s in res.steps[1:]]))
 
 
 def setup(a, device, backend):
-    """(model, drafter_for, prompts, categories) for the largest batch."""
-    model = costmeasure.load_target(a.model, device)
-    n = max(a.batches)
+    """(model, drafter_for, prompts, categories) for the largest batch (or batch 1's prompts)."""
+    if a.invariant and a.model != "kdbench-pair":
+        raise SystemExit("--invariant: only the trained pair (kdbench-pair) has a batch-invariant target here")
+    model = (pair.load_target(device, torch.bfloat16 if device == "cuda" else torch.float32, batch_invariant=True)
+             if a.invariant else costmeasure.load_target(a.model, device))
+    n = max(max(a.batches), a.b1_prompts)
     if a.model == "kdbench-pair":
         per = -(-n // len(TEXT))
         prompts = [p for c in TEXT for p in token_prompts(c, per, a.prompt_len)]
@@ -71,6 +79,8 @@ def main() -> None:
     ap.add_argument("--prompt-len", type=int, default=128)
     ap.add_argument("--quality", type=float, default=0.8)
     ap.add_argument("--deadline-s", type=float, default=1e9, help="skip the remaining batches after this")
+    ap.add_argument("--b1-prompts", type=int, default=1, help="prompts batch 1 runs one after another")
+    ap.add_argument("--invariant", action="store_true", help="batch-invariant target, a trace per batch size")
     a = ap.parse_args()
     a.batches = [int(x) for x in a.batches.split(",")]
     t0 = time.time()
@@ -79,8 +89,12 @@ def main() -> None:
     backend = "cuda" if cuda and cuda_build.unavailable_reason() is None else "torch"
     model, drafter_for, prompts, cats = setup(a, device, backend)
     k = min(max(BUDGETS), model.cfg.vocab_size)
-    trace = tr.record(model, prompts, a.rounds, k, drafter_for, batch=max(a.batches), backend=backend,
-                      categories=cats)
+    def record(n, batch):
+        return tr.record(model, prompts[:n], a.rounds, k, drafter_for, batch=batch, backend=backend,
+                         categories=cats[:n])
+    n_of = {b: a.b1_prompts if b == 1 else b for b in a.batches}
+    big = None if a.invariant else record(len(prompts), max(a.batches))
+    traces = {b: record(n_of[b], b) if a.invariant else head(big, n_of[b]) for b in a.batches}
     ms = [m for m in costfit.load(a.measured) if m.model == a.model]
     curve = costfit.expert_curve(ms)
     eff = costfit.fit(ms, curve)
@@ -92,8 +106,8 @@ def main() -> None:
         if time.time() - t0 > a.deadline_s:
             print(f"deadline: batch {b} skipped")
             continue
-        rows += check_batch(env, head(trace, b), prompts[:b], cs, b)
-        write(Path(a.out), env, trace, rows)
+        rows += check_batch(env, traces[b], prompts[:n_of[b]], cs, b)
+        write(Path(a.out), env, traces[b], rows)
         print(f"batch {b} done at {time.time() - t0:.0f} s")
 
 
@@ -103,50 +117,58 @@ def check_batch(env, trace, prompts, cs, b: int) -> list[dict]:
     preds = {p.budget: p for p in bb.sweep(trace, [{"kind": "ddtree"}], budgets, [b], cs, cache=replays)}
     best = max(preds.values(), key=lambda p: p.tokens_per_s).budget
     chosen = bb.live_check_budgets(budgets, best)
-    n = trace.rounds + 1
+    groups = [(i, i + b) for i in range(0, len(prompts), b)]       # batch 1: one prompt after another
     for x in chosen:   # warm-up of every timed shape (batch 1 came first and ran 40 % slow with one warm-up)
-        generate(env.model, env.drafter_for(0, b), prompts, 8, Policy("ddtree", x), backend=env.backend)
-    generate(env.model, None, prompts, 8, Policy("ar"), backend=env.backend)
-    ar = generate(env.model, None, prompts, n, Policy("ar"), backend=env.backend)
-    t_ar = step_median(ar)
-    return [live_row(env, trace, prompts, b, x, x == best, preds[x], t_ar, replays[Policy("ddtree", x)])
+        run(env, prompts, groups[:1], 8, Policy("ddtree", x))
+    run(env, prompts, groups[:1], 8, Policy("ar"))
+    t_ar = step_median(run(env, prompts, groups, trace.rounds + 1, Policy("ar")))
+    return [live_row(env, trace, prompts, groups, b, x, x == best, preds[x], t_ar, replays[Policy("ddtree", x)])
             for x in chosen]
 
 
-def live_row(env, trace, prompts, b: int, budget: int, is_best: bool, p, t_ar: float, replayed) -> dict:
-    """One live generate() at `budget`: step time, tau, tokens/s, replay == live (replayed: the sweep's replay of
-    this budget), the router's experts."""
-    model, backend = env.model, env.backend
+def run(env, prompts, groups, n: int, policy: Policy) -> list:
+    """generate() per group of prompts (first, last), each with its own drafter."""
+    return [generate(env.model, env.drafter_for(f, l) if policy.kind != "ar" else None, prompts[f:l], n, policy,
+                     backend=env.backend) for f, l in groups]
+
+
+def live_row(env, trace, prompts, groups, b: int, budget: int, is_best: bool, p, t_ar: float, replayed) -> dict:
+    """The live generate()s at `budget`: step time, tau, tokens/s, replay == live (replayed: the sweep's replay
+    of this budget), the router's experts."""
+    model = env.model
     n_moe = sum(model.cfg.is_moe_layer(i) for i in range(model.cfg.n_layers))
-    live = generate(model, env.drafter_for(0, b), prompts, trace.rounds + 1, Policy("ddtree", budget),
-                    backend=backend)
-    t = step_median(live)
+    lives = run(env, prompts, groups, trace.rounds + 1, Policy("ddtree", budget))
+    t = step_median(lives)
     with ExpertCounter() as counter:   # a second, short run: the counter syncs the host, so it is not timed
-        generate(model, env.drafter_for(0, b), prompts, 8, Policy("ddtree", budget), backend=backend)
-    same = rp.live_taus(live) == [list(x.tau) for x in replayed.prompts]
+        run(env, prompts, groups[:1], 8, Policy("ddtree", budget))
+    taus = [x for live in lives for x in rp.live_taus(live)]
+    same = taus == [list(x.tau) for x in replayed.prompts]
+    tau = float(np.mean([x for per in taus for x in per]))
     verify_counts = counter.counts[n_moe:]                          # the first n_moe calls are the prefill's
-    return {"batch": b, "budget": budget, "predicted_best": is_best, "tau_replayed": p.tau,
-            "tau_live": live.mean_tau, "replay_equals_live": same, "step_predicted_s": p.step_s,
+    return {"batch": b, "prompts": len(prompts), "budget": budget, "predicted_best": is_best, "tau_replayed": p.tau,
+            "tau_live": tau, "replay_equals_live": same, "step_predicted_s": p.step_s,
             "step_measured_s": t, "step_error": p.step_s / t - 1, "tokens_per_s_predicted": p.tokens_per_s,
-            "tokens_per_s_measured": b * live.mean_tau / t, "speedup_predicted": p.speedup,
-            "speedup_measured": live.mean_tau * t_ar / t, "ar_step_predicted_s": p.ar_step_s,
+            "tokens_per_s_measured": b * tau / t, "speedup_predicted": p.speedup,
+            "speedup_measured": tau * t_ar / t, "ar_step_predicted_s": p.ar_step_s,
             "ar_step_measured_s": t_ar, "experts_modeled": p.experts,
-            "experts_live": float(np.mean(verify_counts)) if verify_counts else float("nan"), "mode": "eager"}
+            "experts_live": float(np.mean(verify_counts)) if verify_counts else float("nan"),
+            "mode": "eager", "batch_invariant": bool(getattr(model, "batch_invariant", False))}
 
 
 def write(out: Path, env, trace, rows: list[dict]) -> None:
     a, backend = env.a, env.backend
     out.mkdir(parents=True, exist_ok=True)
     (out / f"live_check_{a.model}.json").write_text(json.dumps(
-        {"model": a.model, "backend": backend, "mode": "eager", "drafter": trace.meta["drafter"],
+        {"model": a.model, "backend": backend, "mode": "eager", "batch_invariant": a.invariant, "drafter": trace.meta["drafter"],
          "rounds": trace.rounds, "prompt_len": a.prompt_len, "rows": rows}, indent=1))
-    lines = [f"# Live check at the predicted best DDTree budget ({a.model}, {backend} backend, eager, "
+    inv = ", batch-invariant target, a trace per batch" if a.invariant else ""
+    lines = [f"# Live check at the predicted best DDTree budget ({a.model}, {backend} backend, eager{inv}, "
              f"{trace.meta['drafter']}, {trace.rounds + 1} new tokens)", "",
-             "| batch | budget | tau replayed | tau live | replay == live | step ms modeled | step ms measured | "
+             "| batch | prompts | budget | tau replayed | tau live | replay == live | step ms modeled | step ms measured | "
              "error | tokens/s modeled | tokens/s measured | speedup modeled | speedup measured | AR ms modeled | "
-             "AR ms measured | experts modeled | experts live |", "|" + " ---: |" * 16]
+             "AR ms measured | experts modeled | experts live |", "|" + " ---: |" * 17]
     for r in rows:
-        lines.append(f"| {r['batch']} | {r['budget']}{' (best)' if r['predicted_best'] else ''} | "
+        lines.append(f"| {r['batch']} | {r['prompts']} | {r['budget']}{' (best)' if r['predicted_best'] else ''} | "
                      f"{r['tau_replayed']:.2f} | {r['tau_live']:.2f} | {r['replay_equals_live']} | "
                      f"{r['step_predicted_s'] * 1e3:.2f} | {r['step_measured_s'] * 1e3:.2f} | "
                      f"{r['step_error'] * 100:+.1f} % | {r['tokens_per_s_predicted']:.0f} | "
