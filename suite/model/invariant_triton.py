@@ -7,24 +7,14 @@ from __future__ import annotations
 import torch
 
 from .moe_plan import block_plan
-
-try:
-    import triton
-    import triton.language as tl
-    AVAILABLE, IMPORT_ERROR = True, ""
-except ImportError as exc:  # CPU-only machines: invariant.py uses its CPU paths there and raises on CUDA
-    triton, tl = None, None
-    AVAILABLE, IMPORT_ERROR = False, f"import triton failed: {exc}"
+from .triton_base import AVAILABLE, IMPORT_ERROR, plan_block, tl, triton  # noqa: F401 (re-exported)
+from .triton_base import jit as _jit
 
 # (BLOCK_M, BLOCK_N, BLOCK_K, warps, stages): fixed per input dtype, never per M.
 GEMM_CFG = {torch.bfloat16: (64, 128, 64, 4, 3), torch.float16: (64, 128, 64, 4, 3),
             torch.float32: (32, 64, 32, 4, 2)}
 GROUPED_CFG = (64, 128, 64, 4, 3)   # expert GEMMs (bf16 / fp16)
 ATTN_BLOCK_H, ATTN_BLOCK_N = 16, 32  # heads per program, keys per tile (logical positions)
-
-
-def _jit(**kw):
-    return triton.jit(**kw) if AVAILABLE else (lambda f: f)
 
 
 @_jit(do_not_specialize=["M"])
@@ -94,13 +84,10 @@ def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
 def _grouped_kernel(X, ROWS, W1, W3, Y, BLK_E, BLK_R0, BLK_R1, S, N, K, sxm, swe, swn, sym,
                     GATED: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
     """Row block pid_m of one expert segment: Y[s] = X[ROWS[s]] @ W1[e].T (GATED: silu(. W1) * (. W3))."""
-    pid_m, pid_n = tl.program_id(0), tl.program_id(1)
-    e = tl.load(BLK_E + pid_m)
+    pid_n = tl.program_id(1)
+    e, rs, rmask = plan_block(BLK_E, BLK_R0, BLK_R1, BM)
     if e < 0:
         return
-    r0, r1 = tl.load(BLK_R0 + pid_m), tl.load(BLK_R1 + pid_m)
-    rs = r0 + tl.arange(0, BM)
-    rmask = rs < r1
     src = tl.load(ROWS + rs, mask=rmask, other=0).to(tl.int64)
     rn = (pid_n * BN + tl.arange(0, BN)).to(tl.int64)
     rk = tl.arange(0, BK)

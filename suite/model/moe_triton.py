@@ -7,14 +7,8 @@ from __future__ import annotations
 import torch
 
 from .moe_plan import block_plan
-
-try:
-    import triton
-    import triton.language as tl
-    AVAILABLE, IMPORT_ERROR = True, ""
-except ImportError as exc:  # CPU-only machines (CI): the registry reports why and the GPU tests skip
-    triton, tl = None, None
-    AVAILABLE, IMPORT_ERROR = False, f"import triton failed: {exc}"
+from .triton_base import AVAILABLE, IMPORT_ERROR, plan_block, tl, triton  # noqa: F401 (re-exported)
+from .triton_base import jit as _jit
 
 # (slots S up to, BM rows per block): decode rows are few per expert, so small row blocks waste the least
 # MMA work; every block re-reads its expert's weights, so bigger S (more rows per expert) wants bigger blocks.
@@ -23,21 +17,14 @@ UP_CFG = (64, 64, 4, 4)     # BN (intermediate cols), BK (hidden), warps, stages
 DOWN_CFG = (64, 64, 4, 4)   # BN (hidden cols), BK (intermediate), warps, stages
 
 
-def _jit(**kw):
-    return triton.jit(**kw) if AVAILABLE else (lambda f: f)
-
-
 @_jit()
 def _up_kernel(X, TOKEN, W1, W3, H, BLK_E, BLK_R0, BLK_R1, N, K, sxm, swe, swn, shm,
                BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, EVEN_K: tl.constexpr):
     """H[p, n] = silu(x W1[e]^T) * (x W3[e]^T) for the sorted positions p of block pid_m, x = X[TOKEN[p]]."""
-    pid_m, pid_n = tl.program_id(0), tl.program_id(1)
-    e = tl.load(BLK_E + pid_m)
+    pid_n = tl.program_id(1)
+    e, rs, rmask = plan_block(BLK_E, BLK_R0, BLK_R1, BM)
     if e < 0:
         return
-    r0, r1 = tl.load(BLK_R0 + pid_m), tl.load(BLK_R1 + pid_m)
-    rs = r0 + tl.arange(0, BM)
-    rmask = rs < r1
     src = tl.load(TOKEN + rs, mask=rmask, other=0).to(tl.int64)
     rn = (pid_n * BN + tl.arange(0, BN)).to(tl.int64)
     rk = tl.arange(0, BK)
@@ -69,13 +56,10 @@ def _down_kernel(H, ORDER, WT, W2, OUT, BLK_E, BLK_R0, BLK_R1, N, K, shm, swe, s
                  BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, EVEN_K: tl.constexpr):
     """OUT[slot, n] = WT[slot] * (H[p] W2[e]^T)[n] for the sorted positions p of block pid_m, slot = ORDER[p]:
     the scatter back to slot order is this store (fp32), the sum over k is one pass after."""
-    pid_m, pid_n = tl.program_id(0), tl.program_id(1)
-    e = tl.load(BLK_E + pid_m)
+    pid_n = tl.program_id(1)
+    e, rs, rmask = plan_block(BLK_E, BLK_R0, BLK_R1, BM)
     if e < 0:
         return
-    r0, r1 = tl.load(BLK_R0 + pid_m), tl.load(BLK_R1 + pid_m)
-    rs = r0 + tl.arange(0, BM)
-    rmask = rs < r1
     rn = (pid_n * BN + tl.arange(0, BN)).to(tl.int64)
     rk = tl.arange(0, BK)
     hp = H + rs.to(tl.int64)[:, None] * shm + rk[None, :]
