@@ -287,6 +287,13 @@ def shipped(path=SHIPPED) -> ShippedFit:
 
 
 @functools.lru_cache(maxsize=32)
+def fit_model(ms, model: str, label: str = "") -> tuple[Efficiency, ExpertCurve]:
+    """(efficiency, router curve) fitted to `model`'s own cells among ms."""
+    own = [m for m in ms if m.model == model]
+    curve = expert_curve(own)
+    return fit(own, curve, label=label), curve
+
+
 def shipped_setting(model: str, path=SHIPPED) -> tuple[Efficiency, ExpertCurve, str]:
     """(efficiency, expert curve, provenance) for a modeled step of `model`: fitted to the shipped cells of
     that model when it was measured; else the assumed serving-grade efficiencies, with the router curve of
@@ -294,8 +301,7 @@ def shipped_setting(model: str, path=SHIPPED) -> tuple[Efficiency, ExpertCurve, 
     fit_ = shipped(path)
     own = [m for m in fit_.measurements if m.model == model]
     if own:
-        curve = expert_curve(own)
-        eff = fit(own, curve, label=f"fitted to {len(forwards(own))} forwards of {fit_.label()}")
+        eff, curve = fit_model(own, model, f"fitted to {len(forwards(own))} forwards of {fit_.label()}")
         return eff, curve, f"fit: {fit_.label()}"
     slices = sorted((m for m in fit_.models() if m.startswith("kimi-k2-slice-")), key=lambda m: get_preset(m).n_layers)
     if model.startswith("kimi-k2") and slices:

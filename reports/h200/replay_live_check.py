@@ -95,9 +95,7 @@ def main() -> None:
     n_of = {b: a.b1_prompts if b == 1 else b for b in a.batches}
     big = None if a.invariant else record(len(prompts), max(a.batches))
     traces = {b: record(n_of[b], b) if a.invariant else head(big, n_of[b]) for b in a.batches}
-    ms = [m for m in costfit.load(a.measured) if m.model == a.model]
-    curve = costfit.expert_curve(ms)
-    eff = costfit.fit(ms, curve)
+    eff, curve = costfit.fit_model(costfit.load(a.measured), a.model)
     cs = bb.CostSetting(get_preset(a.model), a.prompt_len + a.rounds // 2, eff, curve)
     print(f"trace recorded at {time.time() - t0:.0f} s; fit {eff}")
     env = types.SimpleNamespace(model=model, drafter_for=drafter_for, a=a, backend=backend)

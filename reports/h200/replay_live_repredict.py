@@ -16,8 +16,7 @@ from kdbench.references.model_config import get_preset
 def main(live_path: str, measured: str, out: str) -> None:
     live = json.load(open(live_path))
     ms = [m for m in costfit.load(measured) if m.model == live["model"]]
-    curve = costfit.expert_curve(ms)
-    eff = costfit.fit(ms, curve)
+    eff, curve = costfit.fit_model(ms, live["model"])
     cs = bb.CostSetting(get_preset(live["model"]), live["prompt_len"] + live["rounds"] // 2, eff, curve)
     lines = [f"# {live['model']}: live check re-modeled with the current fit ({len(costfit.forwards(ms))} forwards "
              f"of {measured})", "", "| batch | budget | step ms measured | modeled then | error | modeled now | error |"
