@@ -286,7 +286,6 @@ def shipped(path=SHIPPED) -> ShippedFit:
         raise UserError(f"{path}: bad shipped cost fit ({exc})") from None
 
 
-@functools.lru_cache(maxsize=32)
 def fit_model(ms, model: str, label: str = "") -> tuple[Efficiency, ExpertCurve]:
     """(efficiency, router curve) fitted to `model`'s own cells among ms."""
     own = [m for m in ms if m.model == model]
@@ -294,6 +293,7 @@ def fit_model(ms, model: str, label: str = "") -> tuple[Efficiency, ExpertCurve]
     return fit(own, curve, label=label), curve
 
 
+@functools.lru_cache(maxsize=32)
 def shipped_setting(model: str, path=SHIPPED) -> tuple[Efficiency, ExpertCurve, str]:
     """(efficiency, expert curve, provenance) for a modeled step of `model`: fitted to the shipped cells of
     that model when it was measured; else the assumed serving-grade efficiencies, with the router curve of
