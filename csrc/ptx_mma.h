@@ -139,9 +139,9 @@ __device__ __forceinline__ void wgmma_wait() {
 __device__ __forceinline__ void reg_fence(uint32_t& v) { asm volatile("" : "+r"(v)::"memory"); }
 // Named barriers (ids 1..15; 0 is __syncthreads); both sides' thread counts together = n. named_signal is the
 // ping-pong's producer-to-consumer signal: bar.sync by default, so the producer waits for the consumer as well.
-// bar.arrive (no wait) orders the same accesses per the PTX ISA, but compute-sanitizer racecheck does not model
-// the arrive -> sync edge (7-8 reported hazards, 0 with bar.sync), and on the H200 bar.sync cost +0.05 .. +1.0 %
-// (plans/0004, 2026-12-01 s3). -DKDB_PINGPONG_BAR_ARRIVE builds the arrive form for that A/B.
+// bar.arrive (no wait) orders the same accesses per the PTX ISA, but compute-sanitizer racecheck seems not to model
+// the arrive -> sync edge (7-8 reported hazards, 0 with bar.sync), and on the H200 bar.sync cost -0.3 .. +1.0 %
+// (two calls, plans/0004, 2026-12-01 s3). -DKDB_PINGPONG_BAR_ARRIVE builds the arrive form for that A/B.
 #ifdef KDB_PINGPONG_BAR_ARRIVE
 __device__ __forceinline__ void named_signal(int id, int n) { asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(n) : "memory"); }
 #else

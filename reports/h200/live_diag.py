@@ -61,7 +61,8 @@ def first_diff(a: list, b: list) -> int:
 
 def main(out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
-    a = types.SimpleNamespace(model="kdbench-pair", batches=[8], rounds=ROUNDS, prompt_len=128, quality=0.8)
+    a = types.SimpleNamespace(model="kdbench-pair", batches=[8], rounds=ROUNDS, prompt_len=128, quality=0.8,
+                              invariant=False, b1_prompts=1)
     cuda = torch.cuda.is_available()             # the CPU run (torch backend only) checks this script
     model, drafter_for, prompts, _ = lc.setup(a, "cuda" if cuda else "cpu", "cuda" if cuda else "torch")
     builds, rows = [], []

@@ -120,8 +120,8 @@ def check_batch(env, trace, prompts, cs, b: int) -> list[dict]:
         run(env, prompts, groups[:1], 8, Policy("ddtree", x))
     run(env, prompts, groups[:1], 8, Policy("ar"))
     t_ar = step_median(run(env, prompts, groups, trace.rounds + 1, Policy("ar")))
-    return [live_row(env, trace, prompts, groups, b, x, x == best, preds[x], t_ar, replays[Policy("ddtree", x)])
-            for x in chosen]
+    job = types.SimpleNamespace(trace=trace, prompts=prompts, groups=groups, batch=b, t_ar=t_ar)
+    return [live_row(env, job, x, x == best, preds[x], replays[Policy("ddtree", x)]) for x in chosen]
 
 
 def run(env, prompts, groups, n: int, policy: Policy) -> list:
@@ -130,12 +130,13 @@ def run(env, prompts, groups, n: int, policy: Policy) -> list:
                      backend=env.backend) for f, l in groups]
 
 
-def live_row(env, trace, prompts, groups, b: int, budget: int, is_best: bool, p, t_ar: float, replayed) -> dict:
-    """The live generate()s at `budget`: step time, tau, tokens/s, replay == live (replayed: the sweep's replay
-    of this budget), the router's experts."""
-    model = env.model
+def live_row(env, job, budget: int, is_best: bool, p, replayed) -> dict:
+    """The live generate()s of job (one batch size: its trace, prompts, groups and AR step time) at `budget`:
+    step time, tau, tokens/s, replay == live (replayed: the sweep's replay of this budget), the router's experts;
+    p is the budget's prediction."""
+    model, prompts, groups, b, t_ar = env.model, job.prompts, job.groups, job.batch, job.t_ar
     n_moe = sum(model.cfg.is_moe_layer(i) for i in range(model.cfg.n_layers))
-    lives = run(env, prompts, groups, trace.rounds + 1, Policy("ddtree", budget))
+    lives = run(env, prompts, groups, job.trace.rounds + 1, Policy("ddtree", budget))
     t = step_median(lives)
     with ExpertCounter() as counter:   # a second, short run: the counter syncs the host, so it is not timed
         run(env, prompts, groups[:1], 8, Policy("ddtree", budget))
