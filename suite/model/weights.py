@@ -27,8 +27,13 @@ def init_weights(cfg: ModelConfig, seed: int, device="cpu", dtype: torch.dtype =
     Same distributions as references.model.init_weights, not the same values (numpy and torch streams
     differ); use from_numpy(references.model.init_weights(...)) when values must match the reference.
     """
+    return dict(iter_weights(cfg, seed, device, dtype))
+
+
+def iter_weights(cfg: ModelConfig, seed: int, device="cpu", dtype: torch.dtype = torch.float32):
+    """init_weights one (name, tensor) at a time, same order and values: a caller that keeps only a slice of
+    each (a sharded rank) never holds the whole model."""
     gen = torch.Generator(device=device).manual_seed(seed)
-    out = {}
     for name, shape in weight_shapes(cfg).items():
         t = torch.empty(shape, dtype=tensor_dtype(name, dtype), device=device)
         if name == "embed":
@@ -39,8 +44,7 @@ def init_weights(cfg: ModelConfig, seed: int, device="cpu", dtype: torch.dtype =
             t.normal_(0.0, GATE_BIAS_STD, generator=gen)
         else:
             t.normal_(0.0, shape[-1] ** -0.5, generator=gen)
-        out[name] = t
-    return out
+        yield name, t
 
 
 def from_numpy(weights: dict[str, np.ndarray], device="cpu", dtype: torch.dtype = torch.float64

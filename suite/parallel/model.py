@@ -9,7 +9,7 @@ import torch
 
 from kdbench.model.moe import moe_forward, swiglu
 from kdbench.model.transformer import Transformer
-from kdbench.model.weights import check_weights
+from kdbench.model.weights import check_weights, iter_weights
 from kdbench.references.model_config import ModelConfig
 from kdbench.timing import stamp
 
@@ -21,9 +21,12 @@ from .shard import check_divisible, local_config, shard_weights
 class ShardedTransformer(Transformer):
     """One rank's slice of a Transformer; `comm` carries the process group (and the collective timing)."""
 
-    def __init__(self, cfg: ModelConfig, full_weights: dict[str, torch.Tensor], comm: Comm, parallel: str, *,
-                 exact_dispatch: bool = False, **kw):
-        check_weights(cfg, full_weights)
+    def __init__(self, cfg: ModelConfig, full_weights, comm: Comm, parallel: str, *, exact_dispatch: bool = False,
+                 **kw):
+        """full_weights: the whole model's dict (checked, then sharded), or an iterable of (name, full tensor)
+        sharded one at a time (weights.iter_weights: the rank never holds the whole model; `drawn`)."""
+        if isinstance(full_weights, dict):
+            check_weights(cfg, full_weights)
         if kw.get("batch_invariant"):
             raise ValueError("the sharded model has no batch-invariant mode (plans/0010 is one process)")
         reason = check_divisible(cfg, comm.world, parallel)
@@ -37,6 +40,12 @@ class ShardedTransformer(Transformer):
         else:                                        # ep: E/n experts under a config that routes over all E
             self._init_unchecked(local, w, **kw)
         self.layer_marks: list = []                  # (layer, start, end) of each layer while comm.timing
+
+    @classmethod
+    def drawn(cls, cfg: ModelConfig, seed: int, comm: Comm, parallel: str, device, dtype, **kw) -> "ShardedTransformer":
+        """The rank's slice of Transformer.random(cfg, seed): each weight drawn (same order and values) and cut
+        at once, so a rank's peak is its shards plus the largest full tensor, not the whole model."""
+        return cls(cfg, iter_weights(cfg, seed, device, dtype), comm, parallel, **kw)
 
     def _init_unchecked(self, local: ModelConfig, w: dict, **kw) -> None:
         """Transformer's checks see full-E meta stand-ins for the experts; the real E/n slices replace them."""

@@ -29,8 +29,9 @@ def check_divisible(cfg: ModelConfig, world: int, parallel: str) -> str:
 
 
 def _split(t: torch.Tensor, dim: int, rank: int, world: int) -> torch.Tensor:
-    """Contiguous block `rank` of `world` along `dim` (a copy, so the full tensor can be freed)."""
-    return t.chunk(world, dim=dim)[rank].contiguous()
+    """Contiguous block `rank` of `world` along `dim`, always a copy (a dim-0 block is a view that would keep the
+    full tensor alive), so the full tensor can be freed."""
+    return t.chunk(world, dim=dim)[rank].clone(memory_format=torch.contiguous_format)
 
 
 def _heads(t: torch.Tensor, n_heads: int, rank: int, world: int) -> torch.Tensor:
@@ -47,24 +48,26 @@ def local_config(cfg: ModelConfig, world: int, parallel: str) -> ModelConfig:
     return dataclasses.replace(cfg, **kw)
 
 
-def shard_weights(cfg: ModelConfig, w: dict[str, torch.Tensor], rank: int, world: int, parallel: str
-                  ) -> dict[str, torch.Tensor]:
-    """The rank's tensors under the same names (see the module docstring for the split of each)."""
-    out = {}
-    for name, t in w.items():
-        key = name.rsplit(".", 1)[-1] if not name.startswith("layers.") else name.split(".", 2)[2]
-        if key in ("wq_b", "wq", "wkv_b"):
-            out[name] = _heads(t, cfg.n_heads, rank, world)
-        elif key == "wo":
-            out[name] = _split(t, 1, rank, world)                       # [d, H*dv] columns of the rank's heads
-        elif key in ("mlp.w1", "mlp.w3") or (parallel == "tp" and key in ("shared.w1", "shared.w3")):
-            out[name] = _split(t, 0, rank, world)                       # [m/n, d]
-        elif key == "mlp.w2" or (parallel == "tp" and key == "shared.w2"):
-            out[name] = _split(t, 1, rank, world)                       # [d, m/n]
-        elif key in ("experts.w1", "experts.w3"):                       # [E, mi, d]
-            out[name] = _split(t, 1 if parallel == "tp" else 0, rank, world)
-        elif key == "experts.w2":                                       # [E, d, mi]
-            out[name] = _split(t, 2 if parallel == "tp" else 0, rank, world)
-        else:
-            out[name] = t
-    return out
+def shard_weights(cfg: ModelConfig, w, rank: int, world: int, parallel: str) -> dict[str, torch.Tensor]:
+    """The rank's tensors under the same names, from a dict or an iterable of (name, full tensor) such as
+    weights.iter_weights (see the module docstring for the split of each)."""
+    items = w.items() if isinstance(w, dict) else w
+    return {name: shard_tensor(cfg, name, t, rank, world, parallel) for name, t in items}
+
+
+def shard_tensor(cfg: ModelConfig, name: str, t: torch.Tensor, rank: int, world: int, parallel: str) -> torch.Tensor:
+    """The rank's slice of the full tensor `name` (replicated tensors are returned as they are)."""
+    key = name.rsplit(".", 1)[-1] if not name.startswith("layers.") else name.split(".", 2)[2]
+    if key in ("wq_b", "wq", "wkv_b"):
+        return _heads(t, cfg.n_heads, rank, world)
+    if key == "wo":
+        return _split(t, 1, rank, world)                       # [d, H*dv] columns of the rank's heads
+    if key in ("mlp.w1", "mlp.w3") or (parallel == "tp" and key in ("shared.w1", "shared.w3")):
+        return _split(t, 0, rank, world)                       # [m/n, d]
+    if key == "mlp.w2" or (parallel == "tp" and key == "shared.w2"):
+        return _split(t, 1, rank, world)                       # [d, m/n]
+    if key in ("experts.w1", "experts.w3"):                    # [E, mi, d]
+        return _split(t, 1 if parallel == "tp" else 0, rank, world)
+    if key == "experts.w2":                                    # [E, d, mi]
+        return _split(t, 2 if parallel == "tp" else 0, rank, world)
+    return t

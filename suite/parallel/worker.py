@@ -19,6 +19,7 @@ import torch.distributed as dist
 
 from kdbench.engine.engine import target_from_preset
 from kdbench.model.moe import moe_forward
+from kdbench.references.model_config import get_preset
 
 from . import comm_bench, measure
 from .comm import Comm
@@ -52,14 +53,16 @@ def run_rank(job: Job, rank: int, init_method: str | None = None) -> None:
 
 
 def _phases(job: Job, rank: int, device) -> dict:
-    full = target_from_preset(job.model, job.seed, device=device, dtype=job.torch_dtype())
     comm = Comm(rank, job.world, device)
-    model = ShardedTransformer(full.cfg, full.w, comm, job.parallel, attn=job.attn,
-                               exact_dispatch=job.ep_dispatch == "exact")
-    inputs = make_inputs(job, full.cfg.vocab_size)
-    ref = full if (job.check and rank == 0) else None
-    if ref is None:
-        del full
+    kw = dict(attn=job.attn, exact_dispatch=job.ep_dispatch == "exact")
+    if job.check and rank == 0:     # the check's one-process reference: the whole model on this rank
+        ref = target_from_preset(job.model, job.seed, device=device, dtype=job.torch_dtype())
+        model = ShardedTransformer(ref.cfg, ref.w, comm, job.parallel, **kw)
+    else:                           # the same values, drawn weight by weight and cut at once (plans/0011)
+        ref = None
+        model = ShardedTransformer.drawn(get_preset(job.model), job.seed, comm, job.parallel, device,
+                                         job.torch_dtype(), **kw)
+    inputs = make_inputs(job, model.full_cfg.vocab_size)
     out = {"rank": rank, "world": job.world, "phases": {}}
     cache, ref_cache = None, None
     for phase in job.phases:
