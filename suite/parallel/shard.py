@@ -29,8 +29,10 @@ def check_divisible(cfg: ModelConfig, world: int, parallel: str) -> str:
 
 
 def _split(t: torch.Tensor, dim: int, rank: int, world: int) -> torch.Tensor:
-    """Contiguous block `rank` of `world` along `dim`, always a copy (a dim-0 block is a view that would keep the
-    full tensor alive), so the full tensor can be freed."""
+    """Contiguous block `rank` of `world` along `dim`, a copy (a dim-0 block would be a view that keeps the full
+    tensor alive), so the full tensor can be freed; one rank keeps the tensor itself (no second copy)."""
+    if world == 1:
+        return t
     return t.chunk(world, dim=dim)[rank].clone(memory_format=torch.contiguous_format)
 
 
