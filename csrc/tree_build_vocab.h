@@ -8,145 +8,10 @@
 
 #include "common.h"
 #include "tree_build.h"
+#include "tree_build_select.h"
 
 namespace kdb {
 namespace vocab {
-
-constexpr int kThreads = 256;
-constexpr int kPer = 16;                    // logits (or merge keys) per thread per chunk
-constexpr int kChunk = kThreads * kPer;     // 4096 logits per block step
-constexpr int kCap = 6144;                  // candidate keys in shared memory (48 KB)
-constexpr int kCompactAt = kCap - kChunk;   // prune when more than this (>= 2 * kTreeBuildMaxK) are held
-constexpr int kBins = 256;                  // 8-bit radix digits, one bin per thread in the digit search
-constexpr int kWarps = kThreads / 32;
-constexpr float kLog2e = 1.4426950408889634f;
-static_assert(kBins == kThreads, "find_digit gives every thread one bin");
-
-// Candidates are 64-bit keys: order key of the fp32 logit in the high word, ~token id in the low word.
-// Keys are distinct and "larger key" is exactly the reference order (logit desc, then smaller id). 0 is
-// below every real key (the order key of -inf is 0x007fffff) and pads lists.
-__device__ __forceinline__ uint64_t make_key(float x, uint32_t id) {
-  return (uint64_t(float_order_key(x == 0.f ? 0.f : x)) << 32) | uint64_t(~id);  // -0 and +0: one key
-}
-
-struct TopkSmem {
-  uint32_t hist[kBins];
-  uint64_t red_or[kWarps], red_and[kWarps];
-  int warp_tot[kWarps];
-  int count;               // candidates held
-  int new_count;
-  float thr_val;           // logit value of the threshold after the last prune
-  int strict;              // 1: the last prune kept exactly k keys, so later logits equal to thr_val lose
-  int sel_digit, sel_above, sel_bin;
-  float red_m[kWarps], red_s[kWarps];
-};
-
-// Bits in which the n >= 1 keys differ, and the value of the bits they share (AND of all keys).
-__device__ void varying_bits(const uint64_t* keys, int n, TopkSmem& sm, uint64_t& vary, uint64_t& common) {
-  uint64_t o = 0, a = ~0ull;
-  for (int i = threadIdx.x; i < n; i += kThreads) o |= keys[i], a &= keys[i];
-#pragma unroll
-  for (int off = 16; off > 0; off >>= 1) o |= __shfl_xor_sync(kFullMask, o, off), a &= __shfl_xor_sync(kFullMask, a, off);
-  if ((threadIdx.x & 31) == 0) sm.red_or[threadIdx.x >> 5] = o, sm.red_and[threadIdx.x >> 5] = a;
-  __syncthreads();
-  o = 0, a = ~0ull;
-#pragma unroll
-  for (int w = 0; w < kWarps; ++w) o |= sm.red_or[w], a &= sm.red_and[w];
-  vary = o ^ a, common = a;
-}
-
-// All threads: the digit (scanning bins from the top) whose bin holds the krem-th largest matching key.
-// Thread t owns bin kBins-1-t, so an inclusive scan in thread order counts keys from the top.
-__device__ void find_digit(TopkSmem& sm, int krem) {
-  const int t = threadIdx.x, lane = t & 31, warp = t >> 5;
-  const int c = int(sm.hist[kBins - 1 - t]);
-  int incl = warp_inclusive_scan(c, lane);
-  if (lane == 31) sm.warp_tot[warp] = incl;
-  __syncthreads();
-  for (int w = 0; w < warp; ++w) incl += sm.warp_tot[w];
-  if (c > 0 && incl >= krem && incl - c < krem) sm.sel_digit = kBins - 1 - t, sm.sel_above = incl - c, sm.sel_bin = c;
-  __syncthreads();
-}
-
-struct Selection {
-  uint64_t t;  // keys >= t are kept
-  int kept;    // how many: k, or more when the cut value's ties were kept (tie_slack)
-};
-
-// Block-wide radix select on the n distinct keys, 1 <= k <= n: t with exactly k keys >= t, 8-bit digits from
-// the highest bit in which the keys differ (bits every key shares are skipped: bf16 logits leave 16 value bits
-// and the id's top bits constant). With tie_slack > 0 it stops once the value word is decided and at most
-// tie_slack keys beyond k share the cut value: all of them are kept (no passes over the id bits).
-__device__ Selection radix_select_ge(const uint64_t* keys, int n, int k, int tie_slack, TopkSmem& sm) {
-  uint64_t vary, common;
-  varying_bits(keys, n, sm, vary, common);
-  uint64_t prefix = 0, mask = 0;
-  int krem = k;
-  while (vary & ~mask) {
-    const int hi = 63 - __clzll(vary & ~mask);          // highest undecided varying bit
-    const int shift = max(hi - 7, hi >= 32 ? 32 : 0);   // digits never straddle the value / id words
-    const uint64_t dmask = (2ull << (hi - shift)) - 1ull;
-    sm.hist[threadIdx.x] = 0;
-    __syncthreads();
-    // Lanes with equal bins add once (__match_any_sync): logits crowd a few bins, same-address atomics serialize.
-    for (int base = 0; base < n; base += kThreads) {
-      const int i = base + int(threadIdx.x);
-      const uint64_t key = i < n ? keys[i] : 0;
-      const int bin = i < n && (key & mask) == prefix ? int((key >> shift) & dmask) : -1;
-      const unsigned peers = __match_any_sync(kFullMask, bin);
-      if (bin >= 0 && (threadIdx.x & 31) == __ffs(peers) - 1) atomicAdd(&sm.hist[bin], unsigned(__popc(peers)));
-    }
-    __syncthreads();
-    find_digit(sm, krem);
-    prefix |= uint64_t(sm.sel_digit) << shift;
-    mask |= dmask << shift;
-    krem -= sm.sel_above;
-    const int bin = sm.sel_bin;
-    __syncthreads();  // sel_* are rewritten by the next pass
-    // Shared bits take their common value in t, undecided varying bits 0: keys >= t are exactly the kept ones.
-    if (bin == krem) return {prefix | (common & ~vary & ~mask), k};  // the whole bin is taken
-    // Tie stop only on the pass that decided the value word: only then is `bin` every key at the cut value.
-    // After an id-bit pass `bin` counts one id digit, and keeping the whole value group under that count
-    // truncated an arbitrary (warp-order) subset of it (the H200 tie failures of 2026-12-01).
-    if (tie_slack > 0 && shift >= 32 && ((vary & ~mask) >> 32) == 0 && bin - krem <= tie_slack)
-      return {(prefix | (common & ~vary & ~mask)) & 0xffffffff00000000ull, k - krem + bin};
-  }
-  return {prefix | (common & ~vary), k};  // unreachable: with every bit decided one key matches, bin == krem
-}
-
-// Keep the sel.kept keys >= sel.t of the sm.count candidates (moved to keys[0, kept)).
-// In-place compaction in rounds: a round reads its slice into registers, syncs, then writes survivors
-// below (survivors so far <= end of this round), so nothing unread is overwritten.
-__device__ Selection prune(uint64_t* keys, int k, int tie_slack, TopkSmem& sm) {
-  const int n = sm.count;
-  const Selection sel = radix_select_ge(keys, n, k, tie_slack, sm);
-  if (threadIdx.x == 0) sm.new_count = 0;
-  __syncthreads();
-  for (int base = 0; base < n; base += 4 * kThreads) {
-    uint64_t v[4];
-#pragma unroll
-    for (int q = 0; q < 4; ++q) {
-      const int i = base + q * kThreads + threadIdx.x;
-      v[q] = i < n ? keys[i] : 0;
-    }
-    __syncthreads();
-    unsigned keep = 0;
-#pragma unroll
-    for (int q = 0; q < 4; ++q) keep |= (base + q * kThreads + int(threadIdx.x) < n && v[q] >= sel.t ? 1u : 0u) << q;
-    int slot = warp_append_base(__popc(keep), &sm.new_count);
-#pragma unroll
-    for (int q = 0; q < 4; ++q) {
-      if ((keep >> q) & 1u) keys[slot++] = v[q];
-    }
-  }
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    const float tv = float_from_order_key(uint32_t(sel.t >> 32));
-    sm.count = sel.kept, sm.thr_val = isnan(tv) ? -INFINITY : tv, sm.strict = sel.kept == k;
-  }
-  __syncthreads();
-  return sel;
-}
 
 // Logit loads: VW elements per 16-byte vector (1 = scalar, guarded). Element j of a thread's chunk is
 // logit (j / VW) * (kThreads * VW) + tid * VW + j % VW of the chunk: every load is coalesced.
@@ -170,8 +35,14 @@ struct Raw {
     for (int q = 0; q < kPer / VW; ++q) v[q] = __ldcs(reinterpret_cast<const uint4*>(row + chunk_index<VW>(c, q * VW)));
   }
   __device__ __forceinline__ void to_float(float (&x)[kPer]) const {
+    if constexpr (sizeof(T) == 2) {  // a bf16 is the high half of its fp32: one shift or one AND per logit
+      const uint32_t* w = reinterpret_cast<const uint32_t*>(v);
 #pragma unroll
-    for (int j = 0; j < kPer; ++j) x[j] = to_f32(reinterpret_cast<const T*>(&v[j / VW])[j % VW]);
+      for (int i = 0; i < kPer / 2; ++i) x[2 * i] = __uint_as_float(w[i] << 16), x[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
+    } else {
+#pragma unroll
+      for (int j = 0; j < kPer; ++j) x[j] = to_f32(reinterpret_cast<const T*>(&v[j / VW])[j % VW]);
+    }
   }
 };
 
@@ -213,13 +84,12 @@ __device__ __forceinline__ void lse_merge(float& m, float& s, float m2, float s2
   m = mm;
 }
 
-// Append this thread's logits x >= thr (the admission bound derived from the last prune) to the shared
-// candidate list. The common case costs one compare of the chunk max and one vote; a warp that admits takes
-// one shared atomic.
+// Append this thread's logits x >= thr to the shared candidate list; returns how many it appended. The common
+// case costs one compare of the chunk max and one vote; a warp that admits takes one shared atomic.
 template <int VW>
-__device__ __forceinline__ void admit(uint64_t* keys, TopkSmem& sm, const float (&x)[kPer], float chunk_max,
-                                      unsigned valid, int c, float thr) {
-  if (!__any_sync(kFullMask, chunk_max >= thr)) return;
+__device__ __forceinline__ int admit(uint64_t* keys, TopkSmem& sm, const float (&x)[kPer], float chunk_max,
+                                     unsigned valid, int c, float thr) {
+  if (!__any_sync(kFullMask, chunk_max >= thr)) return 0;
   unsigned pass = 0;
 #pragma unroll
   for (int j = 0; j < kPer; ++j) pass |= (x[j] >= thr ? 1u : 0u) << j;
@@ -229,19 +99,71 @@ __device__ __forceinline__ void admit(uint64_t* keys, TopkSmem& sm, const float 
   for (int j = 0; j < kPer; ++j) {
     if ((pass >> j) & 1u) keys[slot++] = make_key(x[j], uint32_t(chunk_index<VW>(c, j)));
   }
+  return __popc(pass);
 }
 
-__device__ void bitonic_sort_desc(uint64_t* keys, int p) {
-  for (int size = 2; size <= p; size <<= 1) {
-    for (int stride = size >> 1; stride > 0; stride >>= 1) {
-      for (int t = threadIdx.x; t < p / 2; t += kThreads) {
-        const int i = 2 * t - (t & (stride - 1)), j = i + stride;
-        const uint64_t a = keys[i], b = keys[j];
-        if ((a < b) == ((i & size) == 0)) keys[i] = b, keys[j] = a;
-      }
-      __syncthreads();
+// All threads, k <= kThreads: a bound t with at least k of the chunk's logits >= t, so every top-k logit of the
+// block is >= t. Each warp takes the kw-th largest of its lanes' chunk maxima (kw lanes hold a logit >= it;
+// kWarps * kw >= k), t is the smallest of those. It replaces admitting the whole first chunk (4096 keys and
+// a prune of them) with ~k admissions.
+__device__ float first_bound(float chunk_max, int k, TopkSmem& sm) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, kw = ceil_div(k, kWarps);
+  const float v = isnan(chunk_max) ? -INFINITY : chunk_max;
+  int rank = 0;  // lanes before this one in (value desc, lane asc): ranks are 0..31, each once
+#pragma unroll
+  for (int i = 0; i < 32; ++i) {
+    const float u = __shfl_sync(kFullMask, v, i);
+    rank += (u > v || (u == v && i < lane)) ? 1 : 0;
+  }
+  const unsigned who = __ballot_sync(kFullMask, rank == kw - 1);
+  const float tw = __shfl_sync(kFullMask, v, __ffs(who) - 1);
+  if (lane == 0) sm.red_t[warp] = tw;
+  __syncthreads();
+  float t = sm.red_t[0];
+#pragma unroll
+  for (int w = 1; w < kWarps; ++w) t = fminf(t, sm.red_t[w]);
+  return t;
+}
+
+// One block's streaming state. thr and held are the same in every thread and change only at block-uniform
+// points (after a barrier), so every thread takes the same prune decisions.
+struct Stream {
+  uint64_t* keys;
+  TopkSmem& sm;
+  int k;
+  bool first = true;
+  float thr = -INFINITY;  // admit x >= thr: the first bound, then thr_val (or the float above it) of a prune
+  int held = 0;           // sm.count as of the last check
+  LseState st;
+
+  // One chunk: LSE, admission, then one barrier; only a chunk that appended reads the count (and syncs again).
+  template <int VW>
+  __device__ __forceinline__ void consume(const float (&x)[kPer], unsigned valid, int c) {
+    const float mc = st.add(x);
+    if (first) {
+      first = false;
+      if (k <= kThreads) thr = first_bound(mc, k, sm);
+    }
+    if (!__syncthreads_or(admit<VW>(keys, sm, x, mc, valid, c, thr))) return;
+    held = sm.count;
+    __syncthreads();  // every thread has read the count before the next chunk appends
+    if (held > kCompactAt) {
+      held = prune(keys, k, k / 2, sm).kept;
+      // Exact prune: the k kept keys beat every later logit equal to thr_val (later ids are larger).
+      thr = sm.strict ? nextafterf(sm.thr_val, INFINITY) : sm.thr_val;
     }
   }
+};
+
+// A vector chunk c from cur while chunk c + 1 (below cend) loads into nxt. Callers alternate the two buffers,
+// so no register copy waits on the load in flight (a copy nxt -> cur did, and serialized every chunk on DRAM
+// latency before 2026-12-01 s4).
+template <typename T, int VW>
+__device__ __forceinline__ void vec_step(Stream& s, Raw<T, VW>& cur, Raw<T, VW>& nxt, const T* row, int c, int cend) {
+  if (c + 1 < cend) nxt.load(row, c + 1);
+  float x[kPer];
+  cur.to_float(x);
+  s.consume<VW>(x, (1u << kPer) - 1u, c);
 }
 
 // Block-wide (m, s) from the per-thread states, merged in a fixed order (every block of a row alike).
@@ -255,27 +177,6 @@ __device__ float2 block_ms(LseState st, TopkSmem& sm) {
   m = sm.red_m[0], s = sm.red_s[0];
   for (int w = 1; w < kWarps; ++w) lse_merge(m, s, sm.red_m[w], sm.red_s[w]);
   return make_float2(m, s);
-}
-
-// The held candidates cut to exactly min(k, held) and sorted descending; keys[kk, max(p, k)) are 0.
-__device__ int finish_sorted(uint64_t* keys, int k, TopkSmem& sm) {
-  __syncthreads();
-  if (sm.count > k) prune(keys, k, 0, sm);
-  const int kk = sm.count;
-  int p = 1;
-  while (p < kk) p <<= 1;
-  for (int i = kk + threadIdx.x; i < max(p, k); i += kThreads) keys[i] = 0;
-  __syncthreads();
-  bitonic_sort_desc(keys, p);
-  return kk;
-}
-
-__device__ void write_top(const uint64_t* keys, int k, float lse, float* top_lp, int64_t* top_tok) {
-  for (int j = threadIdx.x; j < k; j += kThreads) {
-    const uint64_t key = keys[j];
-    top_lp[j] = float_from_order_key(uint32_t(key >> 32)) - lse;
-    top_tok[j] = int64_t(~uint32_t(key));
-  }
 }
 
 // Block (row r, split s) streams chunks [s * cps, (s + 1) * cps) of row r. Unsplit (splits == 1): writes the
@@ -292,53 +193,58 @@ __global__ void __launch_bounds__(kThreads, 4) topk_kernel(TopkArgs a) {
   if (threadIdx.x == 0) sm.count = 0, sm.thr_val = -INFINITY, sm.strict = 0;
   __syncthreads();
 
-  LseState st;
-  float thr = -INFINITY;  // admit x >= thr: thr_val, or the next float above it after an exact prune
+  Stream s{keys, sm, k};
   const int nfull = VW > 1 ? V / kChunk : 0;  // vector chunks; the rest goes through scalar loads
   const int c0 = split * a.chunks_per_split, c1 = min(c0 + a.chunks_per_split, ceil_div(V, kChunk));
-  // bf16 chunks are 32 B per thread: prefetch one ahead to keep ~64 B per thread in flight (fp32 has it
-  // without, and the extra registers would spill).
-  constexpr bool kPrefetch = sizeof(T) == 2;
-  Raw<T, VW> cur, nxt;
-  if (kPrefetch && c0 < nfull) cur.load(row, c0);
-  for (int c = c0; c < c1; ++c) {
-    float x[kPer];
-    unsigned valid = (1u << kPer) - 1u;
-    if (c < nfull) {
-      if constexpr (kPrefetch) {
-        if (c + 1 < min(nfull, c1)) nxt.load(row, c + 1);  // next chunk in flight while this one is processed
-        cur.to_float(x);
-        cur = nxt;
-      } else {
-        cur.load(row, c);
-        cur.to_float(x);
-      }
-      admit<VW>(keys, sm, x, st.add(x), valid, c, thr);
-    } else {
-      load_scalar(row, c, V, x, valid);
-      admit<1>(keys, sm, x, st.add(x), valid, c, thr);
-    }
-    __syncthreads();
-    const int held = sm.count;
-    __syncthreads();  // every thread has read `held` before the next chunk appends
-    if (held > kCompactAt) {
-      prune(keys, k, k / 2, sm);
-      // Exact prune: the k kept keys beat every later logit equal to thr_val (later ids are larger).
-      thr = sm.strict ? nextafterf(sm.thr_val, INFINITY) : sm.thr_val;
+  const int cv = max(c0, min(c1, nfull));     // vector chunks [c0, cv), scalar chunks [cv, c1)
+  if constexpr (sizeof(T) == 2) {
+    // bf16 chunks are 32 B per thread: one chunk ahead keeps ~64 B per thread in flight (fp32 has it without,
+    // and a second buffer would spill).
+    Raw<T, VW> p, q;
+    if (c0 < cv) p.load(row, c0);
+    int c = c0;
+    for (; c + 1 < cv; c += 2) vec_step(s, p, q, row, c, cv), vec_step(s, q, p, row, c + 1, cv);
+    if (c < cv) vec_step(s, p, q, row, c, cv);
+  } else {
+    for (int c = c0; c < cv; ++c) {
+      Raw<T, VW> p;
+      float x[kPer];
+      p.load(row, c);
+      p.to_float(x);
+      s.consume<VW>(x, (1u << kPer) - 1u, c);
     }
   }
-  const int kk = finish_sorted(keys, k, sm);
-  const float2 ms = block_ms(st, sm);
+  for (int c = cv; c < c1; ++c) {
+    float x[kPer];
+    unsigned valid;
+    load_scalar(row, c, V, x, valid);
+    s.consume<1>(x, valid, c);
+  }
+  finish_sorted(keys, k, sm);
+  const float2 ms = block_ms(s.st, sm);
   if (a.splits == 1) {
     const float lse = ms.x + logf(ms.y);
     write_top(keys, k, lse, a.top_lp + r * k, a.top_tok + r * k);
     if (a.lse != nullptr && threadIdx.x == 0) a.lse[r] = lse;
     return;
   }
-  (void)kk;
   uint64_t* out = a.part_keys + int64_t(blockIdx.x) * k;
   for (int j = threadIdx.x; j < k; j += kThreads) out[j] = keys[j];
   if (threadIdx.x == 0) reinterpret_cast<float2*>(a.part_ms)[blockIdx.x] = ms;
+}
+
+// Split s holds k keys >= its k-th key (0 when it held fewer), so the row's k-th key is at least the largest of
+// those: admitting only keys >= it keeps the merge near k admissions instead of splits * k. All threads.
+__device__ uint64_t merge_bound(const uint64_t* in, int splits, int k, TopkSmem& sm) {
+  uint64_t b = 0;
+  for (int s = threadIdx.x; s < splits; s += kThreads) b = max(b, in[int64_t(s) * k + k - 1]);
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) b = max(b, __shfl_xor_sync(kFullMask, b, o));
+  if ((threadIdx.x & 31) == 0) sm.red_key[threadIdx.x >> 5] = b;
+  __syncthreads();
+#pragma unroll
+  for (int w = 0; w < kWarps; ++w) b = max(b, sm.red_key[w]);
+  return b;
 }
 
 // One block per row: the splits' sorted key lists (splits * k keys, 0-padded) streamed through the same
@@ -352,8 +258,7 @@ __global__ void __launch_bounds__(kThreads) merge_kernel(TopkArgs a) {
   const int k = a.k, n = a.splits * k;
   const uint64_t* in = a.part_keys + r * n;
   if (threadIdx.x == 0) sm.count = 0;
-  __syncthreads();
-  uint64_t thr = 1;  // admit keys >= thr; 0 is padding
+  uint64_t thr = max(uint64_t(1), merge_bound(in, a.splits, k, sm));  // admit keys >= thr; 0 is padding
   for (int base = 0; base < n; base += kChunk) {
     uint64_t v[kPer];
     unsigned pass = 0;
@@ -368,7 +273,7 @@ __global__ void __launch_bounds__(kThreads) merge_kernel(TopkArgs a) {
     for (int j = 0; j < kPer; ++j) {
       if ((pass >> j) & 1u) keys[slot++] = v[j];
     }
-    __syncthreads();
+    if (!__syncthreads_or(pass)) continue;  // nothing appended anywhere: the count is unchanged
     const int held = sm.count;
     __syncthreads();
     if (held > kCompactAt) {

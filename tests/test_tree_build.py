@@ -31,7 +31,8 @@ class Case:
     vocab: int     # V
     budget: int    # max_budget; requests get it, or a random budget in [0, it] when ragged
     dtype: str
-    logits: str    # "normal" | "ties" (few distinct values) | "peaked" | "neginf" (some -inf logits)
+    logits: str    # "normal" | "ties" (few distinct values) | "peaked" | "neginf" (some -inf logits) |
+    #                "rising" (ascending in the id: every chunk beats the first chunk's bound) | "sparse" (99.9 % -inf)
     seed: int
     ragged: bool = False
     lp_atol: float = 1e-5  # top_lp vs the float64 reference: fp32 log-softmax of values ~10-20
@@ -55,6 +56,10 @@ CASES = [
     Case(1, 15, 163840, 64, "bfloat16", "normal", 23),
     Case(1, 15, 163840, 1024, "bfloat16", "ties", 24),
     Case(8, 15, 100003, 256, "float32", "peaked", 25),        # odd V: scalar loads, 25 chunks over the splits
+    # adversarial for the admission bounds (first_bound, merge_bound): later chunks admit whole, or < k finite
+    Case(2, 3, 163840, 256, "bfloat16", "rising", 26),
+    Case(1, 15, 163840, 64, "bfloat16", "rising", 27),        # split: each split's bound, then the merge's
+    Case(2, 4, 163840, 256, "float32", "sparse", 28),         # ~164 finite logits per row < k
 ]
 IDS = [f"b{c.batch}-L{c.depth}-V{c.vocab}-B{c.budget}-{c.dtype}-{c.logits}" for c in CASES]
 
@@ -79,10 +84,12 @@ def logit_values(case: Case, rng: np.random.Generator) -> np.ndarray:
     elif case.logits == "peaked":
         x = rng.normal(0, 1, shape)
         x[np.arange(shape[0])[:, None], np.arange(shape[1])[None, :], rng.integers(0, shape[2], shape[:2])] += 12
+    elif case.logits == "rising":
+        x = np.linspace(-8.0, 8.0, shape[2]) + rng.normal(0, 0.01, shape)
     else:
         x = rng.normal(0, 3.0, shape)
-        if case.logits == "neginf":
-            x[rng.random(shape) < 0.3] = -np.inf
+        if case.logits in ("neginf", "sparse"):
+            x[rng.random(shape) < (0.3 if case.logits == "neginf" else 0.999)] = -np.inf
     return torch.from_numpy(x).to(DTYPES[case.dtype]).double().numpy()
 
 

@@ -18,9 +18,12 @@ U64 = np.uint64
 @dataclass(frozen=True)
 class Device:
     """What the emulation models: warp_order 'asc' | 'desc' | 'random' (the order in which a step's warps win
-    their shared atomics); guarded=False is the round-2 code the H200 failed (tie stop after an id-bit pass)."""
+    their shared atomics); guarded=False is the round-2 code the H200 failed (tie stop after an id-bit pass);
+    bounds=False admits as that code did (the whole first chunk, merges from key 1), before first_bound and
+    merge_bound (2026-12-01 s4)."""
     warp_order: str = "random"
     guarded: bool = True
+    bounds: bool = True
     seed: int = 0
 
 
@@ -89,13 +92,30 @@ def prune(keys: np.ndarray, k: int, tie_slack: int, rng: np.random.Generator, de
     return surv[:kept], t, kept, surv.size
 
 
-def _admit(x: np.ndarray, c: int, vw: int, thr: np.float32, rng: np.random.Generator, dev: Device) -> np.ndarray:
-    """admit() over chunk c: thread tid's element j is chunk_index<VW>(c, j); a warp appends its lanes' passing
-    keys (lane order, j order) at the slot its atomic won."""
+def _chunk(x: np.ndarray, c: int, vw: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Chunk c as the threads hold it: (idx, valid, vals), each [THREADS, PER]; thread tid's element j is
+    chunk_index<VW>(c, j), logits at or beyond V read as -inf."""
     j, tid = np.arange(PER)[None, :], np.arange(THREADS)[:, None]
-    idx = c * CHUNK + (j // vw) * (THREADS * vw) + tid * vw + j % vw   # [THREADS, PER]
+    idx = c * CHUNK + (j // vw) * (THREADS * vw) + tid * vw + j % vw
     valid = idx < x.size
-    vals = np.where(valid, x[np.minimum(idx, x.size - 1)], np.float32(-np.inf))
+    return idx, valid, np.where(valid, x[np.minimum(idx, x.size - 1)], np.float32(-np.inf))
+
+
+def first_bound(x: np.ndarray, c: int, vw: int, k: int) -> np.float32:
+    """first_bound(): the smallest over warps of the ceil(k / WARPS)-th largest lane max of chunk c (NaN maxima
+    count as -inf); -inf when k > THREADS (the first chunk is admitted whole)."""
+    if k > THREADS:
+        return np.float32(-np.inf)
+    mc = _chunk(x, c, vw)[2].max(axis=1)
+    mc = np.where(np.isnan(mc), np.float32(-np.inf), mc).reshape(WARPS, 32)
+    kw = -(-k // WARPS)
+    return np.float32(np.sort(mc, axis=1)[:, 32 - kw].min())
+
+
+def _admit(x: np.ndarray, c: int, vw: int, thr: np.float32, rng: np.random.Generator, dev: Device) -> np.ndarray:
+    """admit() over chunk c: a warp appends its lanes' passing keys (lane order, j order) at the slot its atomic
+    won."""
+    idx, valid, vals = _chunk(x, c, vw)
     ok = valid & (vals >= thr)
     parts = [make_keys(vals[w * 32:(w + 1) * 32][ok[w * 32:(w + 1) * 32]],
                        idx[w * 32:(w + 1) * 32][ok[w * 32:(w + 1) * 32]]) for w in range(WARPS)]
@@ -117,6 +137,8 @@ def stream_block(x: np.ndarray, c0: int, c1: int, k: int, vw: int, rng: np.rando
     held, thr = np.zeros(0, U64), np.float32(-np.inf)
     for c in range(c0, c1):
         vw_c = vw if c < x.size // CHUNK else 1          # the tail chunk goes through scalar loads
+        if c == c0 and dev.bounds:
+            thr = first_bound(x, c, vw_c, k)
         held = np.concatenate([held, _admit(x, c, vw_c, thr, rng, dev)])
         if held.size > COMPACT_AT:
             held, t, kept, _ = prune(held, k, k // 2, rng, dev)
@@ -127,8 +149,9 @@ def stream_block(x: np.ndarray, c0: int, c1: int, k: int, vw: int, rng: np.rando
 
 def merge(parts: np.ndarray, k: int, rng: np.random.Generator, dev: Device) -> np.ndarray:
     """merge_kernel: the splits' sorted lists (splits * k keys) admitted in steps of CHUNK (element j of thread tid
-    is base + j * THREADS + tid), exact prunes, thr = max(thr, t)."""
-    held, thr = np.zeros(0, U64), 1
+    is base + j * THREADS + tid) from thr = max(1, the largest k-th key of a split) (merge_bound), exact prunes,
+    thr = max(thr, t)."""
+    held, thr = np.zeros(0, U64), max(1, int(parts.reshape(-1, k)[:, k - 1].max()) if dev.bounds else 1)
     for base in range(0, parts.size, CHUNK):
         step = np.zeros(CHUNK, U64)
         seg = parts[base:base + CHUNK]

@@ -8,7 +8,8 @@ from kdbench.backends import cuda_ext
 dev = "cuda"
 g = torch.Generator(device=dev).manual_seed(0)
 for dtype in (torch.bfloat16, torch.float32):
-    for b, v, budget in ((3, 1001, 65), (1, 9001, 65), (1, 20483, 1024)):   # unsplit; split with a short tail
+    # unsplit; split with a short tail; split at k 16 (first_bound and merge_bound on every split)
+    for b, v, budget in ((3, 1001, 65), (1, 9001, 65), (1, 20483, 1024), (1, 40961, 16)):
         # normal logits, then 9-value ties (the tied cut group is wider than K + K/2: the prunes' id-bit passes)
         normal = torch.randn(b, 15, v, generator=g, device=dev).mul_(3)
         ties = torch.randint(-4, 5, (b, 15, v), generator=g, device=dev).float().mul_(0.5)
