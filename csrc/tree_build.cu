@@ -261,11 +261,16 @@ cudaError_t tree_build_topk_plan(TopkArgs& a, int forced, int device) {
   return cudaSuccess;
 }
 
-template <typename T, int VW>
+// The vocabulary pass's shipped variant (admission, prune mark; reports/h200/tree_build_vocab_bench.cu times
+// the others against it).
+constexpr int kAdmitShipped = vocab::kMask, kMarkShipped = 0;
+
+template <typename T, int VW, int kAdmit = kAdmitShipped, int kMarkMin = kMarkShipped>
 cudaError_t launch_topk(const TopkArgs& a, cudaStream_t stream) {
   const size_t smem = vocab::kCap * sizeof(uint64_t);
-  KDB_CUDA_TRY(cudaFuncSetAttribute(vocab::topk_kernel<T, VW>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-  vocab::topk_kernel<T, VW><<<unsigned(a.rows * a.splits), vocab::kThreads, smem, stream>>>(a);
+  auto* kernel = vocab::topk_kernel<T, VW, kAdmit, kMarkMin>;
+  KDB_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+  kernel<<<unsigned(a.rows * a.splits), vocab::kThreads, smem, stream>>>(a);
   KDB_LAUNCH_CHECK();
   if (a.splits == 1) return cudaSuccess;
   KDB_CUDA_TRY(cudaFuncSetAttribute(vocab::merge_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));

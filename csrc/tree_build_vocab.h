@@ -84,22 +84,52 @@ __device__ __forceinline__ void lse_merge(float& m, float& s, float m2, float s2
   m = mm;
 }
 
-// Append this thread's logits x >= thr to the shared candidate list; returns how many it appended. The common
-// case costs one compare of the chunk max and one vote; a warp that admits takes one shared atomic.
-template <int VW>
+// Admission of this thread's logits x >= thr (valid ones) into the shared candidate list; returns how many it
+// appended. A warp none of whose lanes holds a candidate (chunk max < thr) skips with one vote. Variants (timed
+// against each other by reports/h200/tree_build_vocab_bench.cu; the launcher ships kAdmitShipped):
+//   kMask:   a lane bit mask, one warp scan and one shared atomic per warp, then one guarded store per slot j;
+//   kBallot: per slot j one ballot, and one shared atomic per warp for the lanes whose slot j passes;
+//   kAtomic: only lanes holding a candidate (divergent), one shared atomic per admitted key.
+enum Admit : int { kMask = 0, kBallot = 1, kAtomic = 2 };
+
+template <int kAdmit, int VW>
 __device__ __forceinline__ int admit(uint64_t* keys, TopkSmem& sm, const float (&x)[kPer], float chunk_max,
                                      unsigned valid, int c, float thr) {
   if (!__any_sync(kFullMask, chunk_max >= thr)) return 0;
-  unsigned pass = 0;
+  int n = 0;
+  if constexpr (kAdmit == kMask) {
+    unsigned pass = 0;
 #pragma unroll
-  for (int j = 0; j < kPer; ++j) pass |= (x[j] >= thr ? 1u : 0u) << j;
-  pass &= valid;
-  int slot = warp_append_base(__popc(pass), &sm.count);
+    for (int j = 0; j < kPer; ++j) pass |= (x[j] >= thr ? 1u : 0u) << j;
+    pass &= valid;
+    int slot = warp_append_base(__popc(pass), &sm.count);
 #pragma unroll
-  for (int j = 0; j < kPer; ++j) {
-    if ((pass >> j) & 1u) keys[slot++] = make_key(x[j], uint32_t(chunk_index<VW>(c, j)));
+    for (int j = 0; j < kPer; ++j) {
+      if ((pass >> j) & 1u) keys[slot++] = make_key(x[j], uint32_t(chunk_index<VW>(c, j)));
+    }
+    n = __popc(pass);
+  } else if constexpr (kAdmit == kBallot) {
+    const int lane = threadIdx.x & 31;
+#pragma unroll
+    for (int j = 0; j < kPer; ++j) {
+      const bool p = ((valid >> j) & 1u) && x[j] >= thr;
+      const unsigned who = __ballot_sync(kFullMask, p);
+      if (who == 0) continue;  // warp-uniform
+      const int lead = __ffs(who) - 1;
+      int base = lane == lead ? atomicAdd(&sm.count, __popc(who)) : 0;
+      base = __shfl_sync(kFullMask, base, lead);
+      if (p) keys[base + __popc(who & ((1u << lane) - 1u))] = make_key(x[j], uint32_t(chunk_index<VW>(c, j)));
+      n += p ? 1 : 0;
+    }
+  } else {
+    if (chunk_max >= thr) {
+#pragma unroll
+      for (int j = 0; j < kPer; ++j) {
+        if (((valid >> j) & 1u) && x[j] >= thr) keys[atomicAdd(&sm.count, 1)] = make_key(x[j], uint32_t(chunk_index<VW>(c, j))), ++n;
+      }
+    }
   }
-  return __popc(pass);
+  return n;
 }
 
 // All threads, k <= kThreads: a bound t with at least k of the chunk's logits >= t, so every top-k logit of the
@@ -125,8 +155,16 @@ __device__ float first_bound(float chunk_max, int k, TopkSmem& sm) {
   return t;
 }
 
+// Prune when more than this many keys are held: kCompactAt (the capacity bound: held + one chunk <= kCap), or,
+// with kMarkMin > 0, already at max(2k, kMarkMin): a tighter threshold sooner, so fewer warps admit later.
+template <int kMarkMin>
+__device__ __forceinline__ int prune_mark(int k) {
+  return kMarkMin > 0 ? min(kCompactAt, max(2 * k, kMarkMin)) : kCompactAt;
+}
+
 // One block's streaming state. thr and held are the same in every thread and change only at block-uniform
 // points (after a barrier), so every thread takes the same prune decisions.
+template <int kAdmit, int kMarkMin>
 struct Stream {
   uint64_t* keys;
   TopkSmem& sm;
@@ -144,10 +182,10 @@ struct Stream {
       first = false;
       if (k <= kThreads) thr = first_bound(mc, k, sm);
     }
-    if (!__syncthreads_or(admit<VW>(keys, sm, x, mc, valid, c, thr))) return;
+    if (!__syncthreads_or(admit<kAdmit, VW>(keys, sm, x, mc, valid, c, thr))) return;
     held = sm.count;
     __syncthreads();  // every thread has read the count before the next chunk appends
-    if (held > kCompactAt) {
+    if (held > prune_mark<kMarkMin>(k)) {
       held = prune(keys, k, k / 2, sm).kept;
       // Exact prune: the k kept keys beat every later logit equal to thr_val (later ids are larger).
       thr = sm.strict ? nextafterf(sm.thr_val, INFINITY) : sm.thr_val;
@@ -158,12 +196,12 @@ struct Stream {
 // A vector chunk c from cur while chunk c + 1 (below cend) loads into nxt. Callers alternate the two buffers,
 // so no register copy waits on the load in flight (a copy nxt -> cur did, and serialized every chunk on DRAM
 // latency before 2026-12-01 s4).
-template <typename T, int VW>
-__device__ __forceinline__ void vec_step(Stream& s, Raw<T, VW>& cur, Raw<T, VW>& nxt, const T* row, int c, int cend) {
+template <typename T, int VW, class S>
+__device__ __forceinline__ void vec_step(S& s, Raw<T, VW>& cur, Raw<T, VW>& nxt, const T* row, int c, int cend) {
   if (c + 1 < cend) nxt.load(row, c + 1);
   float x[kPer];
   cur.to_float(x);
-  s.consume<VW>(x, (1u << kPer) - 1u, c);
+  s.template consume<VW>(x, (1u << kPer) - 1u, c);
 }
 
 // Block-wide (m, s) from the per-thread states, merged in a fixed order (every block of a row alike).
@@ -181,7 +219,7 @@ __device__ float2 block_ms(LseState st, TopkSmem& sm) {
 
 // Block (row r, split s) streams chunks [s * cps, (s + 1) * cps) of row r. Unsplit (splits == 1): writes the
 // row's outputs. Split: writes its top-min(k, held) keys, sorted and 0-padded to k, and its (m, s) partials.
-template <typename T, int VW>
+template <typename T, int VW, int kAdmit, int kMarkMin>
 __global__ void __launch_bounds__(kThreads, 4) topk_kernel(TopkArgs a) {
   extern __shared__ __align__(16) unsigned char topk_smem_raw[];
   uint64_t* keys = reinterpret_cast<uint64_t*>(topk_smem_raw);  // [kCap]
@@ -193,7 +231,7 @@ __global__ void __launch_bounds__(kThreads, 4) topk_kernel(TopkArgs a) {
   if (threadIdx.x == 0) sm.count = 0, sm.thr_val = -INFINITY, sm.strict = 0;
   __syncthreads();
 
-  Stream s{keys, sm, k};
+  Stream<kAdmit, kMarkMin> s{keys, sm, k};
   const int nfull = VW > 1 ? V / kChunk : 0;  // vector chunks; the rest goes through scalar loads
   const int c0 = split * a.chunks_per_split, c1 = min(c0 + a.chunks_per_split, ceil_div(V, kChunk));
   const int cv = max(c0, min(c1, nfull));     // vector chunks [c0, cv), scalar chunks [cv, c1)
@@ -211,14 +249,14 @@ __global__ void __launch_bounds__(kThreads, 4) topk_kernel(TopkArgs a) {
       float x[kPer];
       p.load(row, c);
       p.to_float(x);
-      s.consume<VW>(x, (1u << kPer) - 1u, c);
+      s.template consume<VW>(x, (1u << kPer) - 1u, c);
     }
   }
   for (int c = cv; c < c1; ++c) {
     float x[kPer];
     unsigned valid;
     load_scalar(row, c, V, x, valid);
-    s.consume<1>(x, valid, c);
+    s.template consume<1>(x, valid, c);
   }
   finish_sorted(keys, k, sm);
   const float2 ms = block_ms(s.st, sm);

@@ -1,0 +1,186 @@
+// tree_build vocabulary-pass variant bench, no torch (as kv_compact_bench.cu): the admission variants and prune
+// marks of csrc/tree_build_vocab.h on the issue-16 shapes (L 15, V 163840, bf16 logits N(0, 3) and "rising"),
+// every variant's top tokens checked exactly against a host sort (request 0) and against the shipped variant
+// (every row, tokens and log-probs bit for bit) before and after timing; timed with CUDA events after a 256 MB
+// L2-flush memset, variants alternating order between rounds (ABBA), next to the 1 GiB copy ceiling.
+// Build: nvcc -O3 -std=c++20 -gencode=arch=compute_90a,code=sm_90a -Icsrc reports/h200/tree_build_vocab_bench.cu -o tvb
+// Usage: tvb OUT.jsonl
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "tree_build.cu"  // kdb::launch_topk<T, VW, kAdmit, kMarkMin>, tree_build_topk_plan
+
+#define CK(x) do { cudaError_t e_ = (x); if (e_ != cudaSuccess) { \
+  std::fprintf(stderr, "%s:%d %s\n", __FILE__, __LINE__, cudaGetErrorString(e_)); std::exit(1); } } while (0)
+
+namespace {
+using Launch = cudaError_t (*)(const kdb::TopkArgs&, cudaStream_t);
+struct Variant { const char* name; Launch fn; };
+const Variant kVariants[] = {  // [0] is the shipped one: every other variant is compared with it
+    {"shipped", kdb::launch_topk<__nv_bfloat16, 8>},
+    {"mask/2048", kdb::launch_topk<__nv_bfloat16, 8, kdb::vocab::kMask, 0>},
+    {"mask/512", kdb::launch_topk<__nv_bfloat16, 8, kdb::vocab::kMask, 512>},
+    {"ballot/2048", kdb::launch_topk<__nv_bfloat16, 8, kdb::vocab::kBallot, 0>},
+    {"ballot/512", kdb::launch_topk<__nv_bfloat16, 8, kdb::vocab::kBallot, 512>},
+    {"ballot/256", kdb::launch_topk<__nv_bfloat16, 8, kdb::vocab::kBallot, 256>},
+    {"atomic/2048", kdb::launch_topk<__nv_bfloat16, 8, kdb::vocab::kAtomic, 0>},
+    {"atomic/512", kdb::launch_topk<__nv_bfloat16, 8, kdb::vocab::kAtomic, 512>},
+};
+constexpr int kNV = sizeof(kVariants) / sizeof(kVariants[0]);
+constexpr int L = 15, V = 163840, kRounds = 15;
+
+struct Shape { int batch, k; bool rising; };
+const Shape kShapes[] = {{32, 256, false}, {32, 16, false}, {1, 64, false}, {8, 64, false}, {64, 16, false},
+                         {32, 1024, false}, {1, 16, false}, {32, 256, true}};
+
+uint16_t to_bf16(float f) {  // round to nearest even (finite inputs)
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return uint16_t((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+float from_bf16(uint16_t h) {
+  const uint32_t u = uint32_t(h) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+// Top-k ids of one row in the reference order: value descending, then smaller id.
+std::vector<int64_t> host_topk(const uint16_t* row, int k) {
+  std::vector<int> id(V);
+  std::iota(id.begin(), id.end(), 0);
+  std::partial_sort(id.begin(), id.begin() + k, id.end(), [&](int a, int b) {
+    const float x = from_bf16(row[a]), y = from_bf16(row[b]);
+    return x != y ? x > y : a < b;
+  });
+  return std::vector<int64_t>(id.begin(), id.begin() + k);
+}
+
+struct Buffers {  // one set per variant, so each variant's last timed outputs can be checked afterwards
+  float *lp = nullptr, *lse = nullptr, *ms = nullptr;
+  int64_t* tok = nullptr;
+  uint64_t* part = nullptr;
+};
+
+double median(std::vector<float> v, double q = 0.5) {
+  std::sort(v.begin(), v.end());
+  return v[size_t(q * (v.size() - 1) + 0.5)];
+}
+
+// 0: ok; else prints what differs. Variant i's outputs against variant 0's (all rows) and the host (request 0).
+int check(const kdb::TopkArgs& a, const std::vector<Buffers>& buf, const std::vector<std::vector<int64_t>>& ref, int i) {
+  const size_t n = size_t(a.rows) * a.k;
+  std::vector<int64_t> t0(n), ti(n);
+  std::vector<float> l0(n), li(n);
+  CK(cudaMemcpy(t0.data(), buf[0].tok, n * 8, cudaMemcpyDeviceToHost));
+  CK(cudaMemcpy(ti.data(), buf[i].tok, n * 8, cudaMemcpyDeviceToHost));
+  CK(cudaMemcpy(l0.data(), buf[0].lp, n * 4, cudaMemcpyDeviceToHost));
+  CK(cudaMemcpy(li.data(), buf[i].lp, n * 4, cudaMemcpyDeviceToHost));
+  for (int r = 0; r < L; ++r)
+    for (int j = 0; j < a.k; ++j)
+      if (ti[size_t(r) * a.k + j] != ref[r][j]) return std::printf("  %s: row %d slot %d token %lld, host %lld\n",
+          kVariants[i].name, r, j, (long long)ti[size_t(r) * a.k + j], (long long)ref[r][j]), 1;
+  if (t0 != ti || std::memcmp(l0.data(), li.data(), n * 4) != 0) return std::printf("  %s: differs from shipped\n", kVariants[i].name), 1;
+  return 0;
+}
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2) return std::fprintf(stderr, "usage: %s OUT.jsonl\n", argv[0]), 2;
+  FILE* out = std::fopen(argv[1], "w");
+  void* flush = nullptr;
+  CK(cudaMalloc(&flush, 256 << 20));
+  cudaEvent_t e0, e1;
+  CK(cudaEventCreate(&e0));
+  CK(cudaEventCreate(&e1));
+  {  // copy ceiling: 2 x 1 GiB / t of a device copy (read + write), best of 5
+    void *src, *dst;
+    CK(cudaMalloc(&src, 1 << 30));
+    CK(cudaMalloc(&dst, 1 << 30));
+    float best = 1e9f, ms;
+    for (int i = 0; i < 5; ++i) {
+      CK(cudaEventRecord(e0));
+      CK(cudaMemcpy(dst, src, 1 << 30, cudaMemcpyDeviceToDevice));
+      CK(cudaEventRecord(e1));
+      CK(cudaEventSynchronize(e1));
+      CK(cudaEventElapsedTime(&ms, e0, e1));
+      best = std::min(best, ms);
+    }
+    std::fprintf(out, "{\"copy_bytes_per_s\": %.6e}\n", 2.0 * (1 << 30) / (best * 1e-3));
+    CK(cudaFree(src));
+    CK(cudaFree(dst));
+  }
+  int fails = 0;
+  std::mt19937 gen(2026);
+  for (const Shape& sh : kShapes) {
+    const int64_t rows = int64_t(sh.batch) * L;
+    std::normal_distribution<float> nd(0.f, 3.f);
+    std::vector<uint16_t> host(size_t(rows) * V);
+    for (int64_t r = 0; r < rows; ++r)
+      for (int v = 0; v < V; ++v) host[size_t(r) * V + v] = to_bf16(sh.rising ? -8.f + 16.f * v / V + 0.01f * nd(gen) / 3.f : nd(gen));
+    std::vector<std::vector<int64_t>> ref(L);
+    for (int r = 0; r < L; ++r) ref[r] = host_topk(host.data() + size_t(r) * V, sh.k);
+    void* logits;
+    CK(cudaMalloc(&logits, host.size() * 2));
+    CK(cudaMemcpy(logits, host.data(), host.size() * 2, cudaMemcpyHostToDevice));
+    kdb::TopkArgs a{logits, kdb::LogitDtype::kBF16, rows, V, sh.k, nullptr, nullptr, nullptr};
+    CK(kdb::tree_build_topk_plan(a, 0, 0));
+    std::vector<Buffers> buf(kNV);
+    std::vector<kdb::TopkArgs> args(kNV, a);
+    for (int i = 0; i < kNV; ++i) {
+      CK(cudaMalloc(&buf[i].lp, rows * sh.k * 4));
+      CK(cudaMalloc(&buf[i].tok, rows * sh.k * 8));
+      CK(cudaMalloc(&buf[i].lse, rows * 4));
+      CK(cudaMalloc(&buf[i].part, rows * a.splits * sh.k * 8));
+      CK(cudaMalloc(&buf[i].ms, rows * a.splits * 8));
+      CK(cudaMemset(buf[i].tok, 0xff, rows * sh.k * 8));  // poison: an unwritten slot reads as token -1
+      CK(cudaMemset(buf[i].lp, 0xff, rows * sh.k * 4));
+      args[i].top_lp = buf[i].lp, args[i].top_tok = buf[i].tok, args[i].lse = buf[i].lse;
+      args[i].part_keys = buf[i].part, args[i].part_ms = buf[i].ms;
+      CK(kVariants[i].fn(args[i], 0));
+    }
+    CK(cudaDeviceSynchronize());
+    for (int i = 0; i < kNV; ++i) fails += check(a, buf, ref, i);
+    std::vector<std::vector<float>> t(kNV);
+    for (int round = 0; round < kRounds + 2; ++round) {  // 2 warm-up rounds, then ABBA: order reversed on odd rounds
+      for (int n = 0; n < kNV; ++n) {
+        const int i = round % 2 ? kNV - 1 - n : n;
+        CK(cudaMemsetAsync(flush, round & 0xff, 256 << 20));
+        CK(cudaEventRecord(e0));
+        CK(kVariants[i].fn(args[i], 0));
+        CK(cudaEventRecord(e1));
+        CK(cudaEventSynchronize(e1));
+        float ms;
+        CK(cudaEventElapsedTime(&ms, e0, e1));
+        if (round >= 2) t[i].push_back(ms * 1e3f);
+      }
+    }
+    for (int i = 0; i < kNV; ++i) {
+      const int bad = check(a, buf, ref, i);  // the outputs of the last timed launch
+      fails += bad;
+      std::fprintf(out, "{\"batch\": %d, \"k\": %d, \"logits\": \"%s\", \"splits\": %d, \"variant\": \"%s\", "
+                   "\"median_us\": %.2f, \"p10_us\": %.2f, \"p90_us\": %.2f, \"bytes\": %lld, \"exact\": %s}\n",
+                   sh.batch, sh.k, sh.rising ? "rising" : "normal", a.splits, kVariants[i].name, median(t[i]),
+                   median(t[i], 0.1), median(t[i], 0.9), (long long)(rows * V * 2), bad ? "false" : "true");
+      std::printf("B%-3d K%-5d %-7s splits %-3d %-12s %8.2f us (p10 %.2f p90 %.2f)%s\n", sh.batch, sh.k,
+                  sh.rising ? "rising" : "normal", a.splits, kVariants[i].name, median(t[i]), median(t[i], 0.1),
+                  median(t[i], 0.9), bad ? "  MISMATCH" : "");
+      CK(cudaFree(buf[i].lp));
+      CK(cudaFree(buf[i].tok));
+      CK(cudaFree(buf[i].lse));
+      CK(cudaFree(buf[i].part));
+      CK(cudaFree(buf[i].ms));
+    }
+    std::fflush(out);
+    CK(cudaFree(logits));
+  }
+  std::fclose(out);
+  std::printf("tree_build_vocab_bench: %d mismatches\n", fails);
+  return fails ? 1 : 0;
+}
