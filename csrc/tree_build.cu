@@ -263,18 +263,20 @@ cudaError_t tree_build_topk_plan(TopkArgs& a, int forced, int device) {
 
 // The vocabulary pass's shipped variant (admission, prune mark; reports/h200/tree_build_vocab_bench.cu times
 // the others against it).
-constexpr int kAdmitShipped = vocab::kMask, kMarkShipped = 0;
+constexpr int kAdmitShipped = vocab::kMask, kMarkShipped = 0, kStagesShipped = 0;
 
-template <typename T, int VW, int kAdmit = kAdmitShipped, int kMarkMin = kMarkShipped>
+template <typename T, int VW, int kAdmit = kAdmitShipped, int kMarkMin = kMarkShipped, int kStages = kStagesShipped>
 cudaError_t launch_topk(const TopkArgs& a, cudaStream_t stream) {
-  const size_t smem = vocab::kCap * sizeof(uint64_t);
-  auto* kernel = vocab::topk_kernel<T, VW, kAdmit, kMarkMin>;
+  constexpr int stages = VW > 1 ? kStages : 0;  // cp.async stages need 16-byte vectors
+  const size_t smem = vocab::kCap * sizeof(uint64_t) + size_t(stages) * vocab::kChunk * sizeof(T);
+  auto* kernel = vocab::topk_kernel<T, VW, kAdmit, kMarkMin, stages>;
   KDB_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
   kernel<<<unsigned(a.rows * a.splits), vocab::kThreads, smem, stream>>>(a);
   KDB_LAUNCH_CHECK();
   if (a.splits == 1) return cudaSuccess;
-  KDB_CUDA_TRY(cudaFuncSetAttribute(vocab::merge_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-  vocab::merge_kernel<<<unsigned(a.rows), vocab::kThreads, smem, stream>>>(a);
+  const size_t merge_smem = vocab::kCap * sizeof(uint64_t);
+  KDB_CUDA_TRY(cudaFuncSetAttribute(vocab::merge_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(merge_smem)));
+  vocab::merge_kernel<<<unsigned(a.rows), vocab::kThreads, merge_smem, stream>>>(a);
   KDB_LAUNCH_CHECK();
   return cudaSuccess;
 }

@@ -7,6 +7,7 @@
 #include <cmath>
 
 #include "common.h"
+#include "ptx_mma.h"
 #include "tree_build.h"
 #include "tree_build_select.h"
 
@@ -90,12 +91,13 @@ __device__ __forceinline__ void lse_merge(float& m, float& s, float m2, float s2
 //   kMask:   a lane bit mask, one warp scan and one shared atomic per warp, then one guarded store per slot j;
 //   kBallot: per slot j one ballot, and one shared atomic per warp for the lanes whose slot j passes;
 //   kAtomic: only lanes holding a candidate (divergent), one shared atomic per admitted key.
-enum Admit : int { kMask = 0, kBallot = 1, kAtomic = 2 };
+//   kProbe:  admits nothing (wrong outputs): the bench's bound on the streaming and log-sum-exp alone.
+enum Admit : int { kMask = 0, kBallot = 1, kAtomic = 2, kProbe = 3 };
 
 template <int kAdmit, int VW>
 __device__ __forceinline__ int admit(uint64_t* keys, TopkSmem& sm, const float (&x)[kPer], float chunk_max,
                                      unsigned valid, int c, float thr) {
-  if (!__any_sync(kFullMask, chunk_max >= thr)) return 0;
+  if (kAdmit == kProbe || !__any_sync(kFullMask, chunk_max >= thr)) return 0;
   int n = 0;
   if constexpr (kAdmit == kMask) {
     unsigned pass = 0;
@@ -219,7 +221,36 @@ __device__ float2 block_ms(LseState st, TopkSmem& sm) {
 
 // Block (row r, split s) streams chunks [s * cps, (s + 1) * cps) of row r. Unsplit (splits == 1): writes the
 // row's outputs. Split: writes its top-min(k, held) keys, sorted and 0-padded to k, and its (m, s) partials.
-template <typename T, int VW, int kAdmit, int kMarkMin>
+// Vector chunks [c, cend) through kStages cp.async stages in shared memory (after the kCap keys), kStages - 1
+// chunks in flight without holding registers. Thread t copies and reads only its own 16-byte vectors of each
+// chunk, so its own wait_group orders copy before read and no barrier guards a stage.
+template <int kStages, typename T, int VW, class S>
+__device__ __forceinline__ void stream_staged(S& s, unsigned char* smem, const T* row, int c0, int cend) {
+  constexpr int kVecs = kPer / VW, kStageBytes = kChunk * int(sizeof(T));
+  const uint32_t base = smem_addr(smem + kCap * sizeof(uint64_t)) + 16 * threadIdx.x;
+  const auto issue = [&](int c) {
+    if (c < cend) {
+#pragma unroll
+      for (int q = 0; q < kVecs; ++q)
+        cp_async_16(base + ((c - c0) % kStages) * kStageBytes + q * kThreads * 16, row + chunk_index<VW>(c, q * VW), true);
+    }
+    cp_async_commit();  // empty groups too: the wait below counts groups
+  };
+  for (int i = 0; i < kStages - 1; ++i) issue(c0 + i);
+  for (int c = c0; c < cend; ++c) {
+    issue(c + kStages - 1);
+    cp_async_wait<kStages - 1>();
+    Raw<T, VW> r;
+    const unsigned char* st = smem + kCap * sizeof(uint64_t) + ((c - c0) % kStages) * kStageBytes + 16 * threadIdx.x;
+#pragma unroll
+    for (int q = 0; q < kVecs; ++q) r.v[q] = *reinterpret_cast<const uint4*>(st + q * kThreads * 16);
+    float x[kPer];
+    r.to_float(x);
+    s.template consume<VW>(x, (1u << kPer) - 1u, c);
+  }
+}
+
+template <typename T, int VW, int kAdmit, int kMarkMin, int kStages>
 __global__ void __launch_bounds__(kThreads, 4) topk_kernel(TopkArgs a) {
   extern __shared__ __align__(16) unsigned char topk_smem_raw[];
   uint64_t* keys = reinterpret_cast<uint64_t*>(topk_smem_raw);  // [kCap]
@@ -235,7 +266,9 @@ __global__ void __launch_bounds__(kThreads, 4) topk_kernel(TopkArgs a) {
   const int nfull = VW > 1 ? V / kChunk : 0;  // vector chunks; the rest goes through scalar loads
   const int c0 = split * a.chunks_per_split, c1 = min(c0 + a.chunks_per_split, ceil_div(V, kChunk));
   const int cv = max(c0, min(c1, nfull));     // vector chunks [c0, cv), scalar chunks [cv, c1)
-  if constexpr (sizeof(T) == 2) {
+  if constexpr (kStages > 0) {
+    stream_staged<kStages, T, VW>(s, topk_smem_raw, row, c0, cv);
+  } else if constexpr (sizeof(T) == 2) {
     // bf16 chunks are 32 B per thread: one chunk ahead keeps ~64 B per thread in flight (fp32 has it without,
     // and a second buffer would spill).
     Raw<T, VW> p, q;

@@ -4,7 +4,8 @@
 // (every row, tokens and log-probs bit for bit) before and after timing; timed with CUDA events after a 256 MB
 // L2-flush memset, variants alternating order between rounds (ABBA), next to the 1 GiB copy ceiling.
 // Build: nvcc -O3 -std=c++20 -gencode=arch=compute_90a,code=sm_90a -Icsrc reports/h200/tree_build_vocab_bench.cu -o tvb
-// Usage: tvb OUT.jsonl
+// Usage: tvb OUT.jsonl [SHAPES]: times the first SHAPES shapes (all by default); SHAPES < 0: the first -SHAPES
+// shapes, one checked launch per variant and no timing (for ncu).
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
@@ -26,11 +27,14 @@ const Variant kVariants[] = {  // [0] is the shipped one: every other variant is
     {"shipped", kdb::launch_topk<__nv_bfloat16, 8>},
     {"mask/2048", kdb::launch_topk<__nv_bfloat16, 8, kdb::vocab::kMask, 0>},
     {"mask/512", kdb::launch_topk<__nv_bfloat16, 8, kdb::vocab::kMask, 512>},
-    {"ballot/2048", kdb::launch_topk<__nv_bfloat16, 8, kdb::vocab::kBallot, 0>},
-    {"ballot/512", kdb::launch_topk<__nv_bfloat16, 8, kdb::vocab::kBallot, 512>},
-    {"ballot/256", kdb::launch_topk<__nv_bfloat16, 8, kdb::vocab::kBallot, 256>},
     {"atomic/2048", kdb::launch_topk<__nv_bfloat16, 8, kdb::vocab::kAtomic, 0>},
     {"atomic/512", kdb::launch_topk<__nv_bfloat16, 8, kdb::vocab::kAtomic, 512>},
+    {"atomic/512/s2", kdb::launch_topk<__nv_bfloat16, 8, kdb::vocab::kAtomic, 512, 2>},
+    {"atomic/512/s3", kdb::launch_topk<__nv_bfloat16, 8, kdb::vocab::kAtomic, 512, 3>},
+    {"atomic/512/s4", kdb::launch_topk<__nv_bfloat16, 8, kdb::vocab::kAtomic, 512, 4>},
+    {"mask/512/s4", kdb::launch_topk<__nv_bfloat16, 8, kdb::vocab::kMask, 512, 4>},
+    {"probe", kdb::launch_topk<__nv_bfloat16, 8, kdb::vocab::kProbe, 0>},       // admits nothing: not checked
+    {"probe/s4", kdb::launch_topk<__nv_bfloat16, 8, kdb::vocab::kProbe, 0, 4>},
 };
 constexpr int kNV = sizeof(kVariants) / sizeof(kVariants[0]);
 constexpr int L = 15, V = 163840, kRounds = 15;
@@ -75,6 +79,7 @@ double median(std::vector<float> v, double q = 0.5) {
 
 // 0: ok; else prints what differs. Variant i's outputs against variant 0's (all rows) and the host (request 0).
 int check(const kdb::TopkArgs& a, const std::vector<Buffers>& buf, const std::vector<std::vector<int64_t>>& ref, int i) {
+  if (std::strncmp(kVariants[i].name, "probe", 5) == 0) return 0;  // a bound, not a kernel: its outputs are wrong
   const size_t n = size_t(a.rows) * a.k;
   std::vector<int64_t> t0(n), ti(n);
   std::vector<float> l0(n), li(n);
@@ -92,7 +97,9 @@ int check(const kdb::TopkArgs& a, const std::vector<Buffers>& buf, const std::ve
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc < 2) return std::fprintf(stderr, "usage: %s OUT.jsonl\n", argv[0]), 2;
+  if (argc < 2) return std::fprintf(stderr, "usage: %s OUT.jsonl [SHAPES]\n", argv[0]), 2;
+  const int nshapes = argc > 2 ? std::atoi(argv[2]) : 0, limit = nshapes == 0 ? 1 << 30 : std::abs(nshapes);
+  const bool once = nshapes < 0;
   FILE* out = std::fopen(argv[1], "w");
   void* flush = nullptr;
   CK(cudaMalloc(&flush, 256 << 20));
@@ -118,7 +125,8 @@ int main(int argc, char** argv) {
   }
   int fails = 0;
   std::mt19937 gen(2026);
-  for (const Shape& sh : kShapes) {
+  for (int si = 0; si < int(sizeof(kShapes) / sizeof(kShapes[0])) && si < limit; ++si) {
+    const Shape& sh = kShapes[si];
     const int64_t rows = int64_t(sh.batch) * L;
     std::normal_distribution<float> nd(0.f, 3.f);
     std::vector<uint16_t> host(size_t(rows) * V);
@@ -148,7 +156,7 @@ int main(int argc, char** argv) {
     CK(cudaDeviceSynchronize());
     for (int i = 0; i < kNV; ++i) fails += check(a, buf, ref, i);
     std::vector<std::vector<float>> t(kNV);
-    for (int round = 0; round < kRounds + 2; ++round) {  // 2 warm-up rounds, then ABBA: order reversed on odd rounds
+    for (int round = 0; round < (once ? 0 : kRounds + 2); ++round) {  // 2 warm-up rounds, then ABBA: order reversed on odd rounds
       for (int n = 0; n < kNV; ++n) {
         const int i = round % 2 ? kNV - 1 - n : n;
         CK(cudaMemsetAsync(flush, round & 0xff, 256 << 20));
@@ -161,7 +169,7 @@ int main(int argc, char** argv) {
         if (round >= 2) t[i].push_back(ms * 1e3f);
       }
     }
-    for (int i = 0; i < kNV; ++i) {
+    for (int i = 0; i < kNV && !once; ++i) {
       const int bad = check(a, buf, ref, i);  // the outputs of the last timed launch
       fails += bad;
       std::fprintf(out, "{\"batch\": %d, \"k\": %d, \"logits\": \"%s\", \"splits\": %d, \"variant\": \"%s\", "
