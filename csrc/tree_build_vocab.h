@@ -86,13 +86,14 @@ __device__ __forceinline__ void lse_merge(float& m, float& s, float m2, float s2
 }
 
 // Admission of this thread's logits x >= thr (valid ones) into the shared candidate list; returns how many it
-// appended. A warp none of whose lanes holds a candidate (chunk max < thr) skips with one vote. Variants (timed
-// against each other by reports/h200/tree_build_vocab_bench.cu; the launcher ships kAdmitShipped):
+// appended. A warp none of whose lanes holds a candidate (chunk max < thr) skips with one vote. Admissions are
+// sparse (a few lanes of a warp), so each admitted key costs a warp-wide block of instructions; the variants
+// differ in how many (reports/h200/tree_build_vocab_bench.cu times them; the launcher ships kAdmitShipped):
 //   kMask:   a lane bit mask, one warp scan and one shared atomic per warp, then one guarded store per slot j;
-//   kBallot: per slot j one ballot, and one shared atomic per warp for the lanes whose slot j passes;
-//   kAtomic: only lanes holding a candidate (divergent), one shared atomic per admitted key.
+//   kAtomic: lanes holding a candidate only (divergent), one shared atomic per admitted key;
+//   kLane:   lanes holding a candidate only, one shared atomic per lane for its count, then the stores;
 //   kProbe:  admits nothing (wrong outputs): the bench's bound on the streaming and log-sum-exp alone.
-enum Admit : int { kMask = 0, kBallot = 1, kAtomic = 2, kProbe = 3 };
+enum Admit : int { kMask = 0, kAtomic = 2, kLane = 4, kProbe = 3 };
 
 template <int kAdmit, int VW>
 __device__ __forceinline__ int admit(uint64_t* keys, TopkSmem& sm, const float (&x)[kPer], float chunk_max,
@@ -110,24 +111,19 @@ __device__ __forceinline__ int admit(uint64_t* keys, TopkSmem& sm, const float (
       if ((pass >> j) & 1u) keys[slot++] = make_key(x[j], uint32_t(chunk_index<VW>(c, j)));
     }
     n = __popc(pass);
-  } else if constexpr (kAdmit == kBallot) {
-    const int lane = threadIdx.x & 31;
-#pragma unroll
-    for (int j = 0; j < kPer; ++j) {
-      const bool p = ((valid >> j) & 1u) && x[j] >= thr;
-      const unsigned who = __ballot_sync(kFullMask, p);
-      if (who == 0) continue;  // warp-uniform
-      const int lead = __ffs(who) - 1;
-      int base = lane == lead ? atomicAdd(&sm.count, __popc(who)) : 0;
-      base = __shfl_sync(kFullMask, base, lead);
-      if (p) keys[base + __popc(who & ((1u << lane) - 1u))] = make_key(x[j], uint32_t(chunk_index<VW>(c, j)));
-      n += p ? 1 : 0;
-    }
-  } else {
-    if (chunk_max >= thr) {
+  } else if (chunk_max >= thr) {  // kAtomic, kLane: only the lanes holding a candidate
+    if constexpr (kAdmit == kAtomic) {
 #pragma unroll
       for (int j = 0; j < kPer; ++j) {
         if (((valid >> j) & 1u) && x[j] >= thr) keys[atomicAdd(&sm.count, 1)] = make_key(x[j], uint32_t(chunk_index<VW>(c, j))), ++n;
+      }
+    } else {
+#pragma unroll
+      for (int j = 0; j < kPer; ++j) n += (((valid >> j) & 1u) && x[j] >= thr) ? 1 : 0;
+      int slot = atomicAdd(&sm.count, n);
+#pragma unroll
+      for (int j = 0; j < kPer; ++j) {
+        if (((valid >> j) & 1u) && x[j] >= thr) keys[slot++] = make_key(x[j], uint32_t(chunk_index<VW>(c, j)));
       }
     }
   }

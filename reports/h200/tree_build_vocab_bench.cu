@@ -27,14 +27,11 @@ const Variant kVariants[] = {  // [0] is the shipped one: every other variant is
     {"shipped", kdb::launch_topk<__nv_bfloat16, 8>},
     {"mask/2048", kdb::launch_topk<__nv_bfloat16, 8, kdb::vocab::kMask, 0>},
     {"mask/512", kdb::launch_topk<__nv_bfloat16, 8, kdb::vocab::kMask, 512>},
-    {"atomic/2048", kdb::launch_topk<__nv_bfloat16, 8, kdb::vocab::kAtomic, 0>},
     {"atomic/512", kdb::launch_topk<__nv_bfloat16, 8, kdb::vocab::kAtomic, 512>},
-    {"atomic/512/s2", kdb::launch_topk<__nv_bfloat16, 8, kdb::vocab::kAtomic, 512, 2>},
-    {"atomic/512/s3", kdb::launch_topk<__nv_bfloat16, 8, kdb::vocab::kAtomic, 512, 3>},
-    {"atomic/512/s4", kdb::launch_topk<__nv_bfloat16, 8, kdb::vocab::kAtomic, 512, 4>},
-    {"mask/512/s4", kdb::launch_topk<__nv_bfloat16, 8, kdb::vocab::kMask, 512, 4>},
+    {"lane/2048", kdb::launch_topk<__nv_bfloat16, 8, kdb::vocab::kLane, 0>},
+    {"lane/512", kdb::launch_topk<__nv_bfloat16, 8, kdb::vocab::kLane, 512>},
+    {"lane/256", kdb::launch_topk<__nv_bfloat16, 8, kdb::vocab::kLane, 256>},
     {"probe", kdb::launch_topk<__nv_bfloat16, 8, kdb::vocab::kProbe, 0>},       // admits nothing: not checked
-    {"probe/s4", kdb::launch_topk<__nv_bfloat16, 8, kdb::vocab::kProbe, 0, 4>},
 };
 constexpr int kNV = sizeof(kVariants) / sizeof(kVariants[0]);
 constexpr int L = 15, V = 163840, kRounds = 15;
