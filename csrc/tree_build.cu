@@ -261,9 +261,9 @@ cudaError_t tree_build_topk_plan(TopkArgs& a, int forced, int device) {
   return cudaSuccess;
 }
 
-// The vocabulary pass's shipped variant (admission, prune mark; reports/h200/tree_build_vocab_bench.cu times
-// the others against it).
-constexpr int kAdmitShipped = vocab::kMask, kMarkShipped = 0, kStagesShipped = 0;
+// The vocabulary pass's shipped variant: kLane admission, prune at max(2k, 512) held keys, register ping-pong
+// (no cp.async stages: slower in every shape). reports/h200/tree_build_vocab_bench.cu times the others against it.
+constexpr int kAdmitShipped = vocab::kLane, kMarkShipped = 512, kStagesShipped = 0;
 
 template <typename T, int VW, int kAdmit = kAdmitShipped, int kMarkMin = kMarkShipped, int kStages = kStagesShipped>
 cudaError_t launch_topk(const TopkArgs& a, cudaStream_t stream) {

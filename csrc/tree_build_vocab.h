@@ -89,11 +89,13 @@ __device__ __forceinline__ void lse_merge(float& m, float& s, float m2, float s2
 // appended. A warp none of whose lanes holds a candidate (chunk max < thr) skips with one vote. Admissions are
 // sparse (a few lanes of a warp), so each admitted key costs a warp-wide block of instructions; the variants
 // differ in how many (reports/h200/tree_build_vocab_bench.cu times them; the launcher ships kAdmitShipped):
-//   kMask:   a lane bit mask, one warp scan and one shared atomic per warp, then one guarded store per slot j;
-//   kAtomic: lanes holding a candidate only (divergent), one shared atomic per admitted key;
-//   kLane:   lanes holding a candidate only, one shared atomic per lane for its count, then the stores;
-//   kProbe:  admits nothing (wrong outputs): the bench's bound on the streaming and log-sum-exp alone.
-enum Admit : int { kMask = 0, kAtomic = 2, kLane = 4, kProbe = 3 };
+//   kMask:  a lane bit mask, one warp scan and one shared atomic per warp, then one guarded store per slot j
+//           (round 2; 1.1-1.2x slower than kLane at B 32, call D of 2026-12-01 s4);
+//   kLane:  lanes holding a candidate only (divergent), one shared atomic per lane for its count (the compiler
+//           aggregates the warp's), then the stores (shipped);
+//   kProbe: admits nothing (wrong outputs): the bench's bound on the streaming and log-sum-exp alone.
+// (A per-key atomic and a per-slot ballot were slower; the figures are in plans/0004 "tree_build".)
+enum Admit : int { kMask = 0, kLane = 1, kProbe = 2 };
 
 template <int kAdmit, int VW>
 __device__ __forceinline__ int admit(uint64_t* keys, TopkSmem& sm, const float (&x)[kPer], float chunk_max,
@@ -111,20 +113,13 @@ __device__ __forceinline__ int admit(uint64_t* keys, TopkSmem& sm, const float (
       if ((pass >> j) & 1u) keys[slot++] = make_key(x[j], uint32_t(chunk_index<VW>(c, j)));
     }
     n = __popc(pass);
-  } else if (chunk_max >= thr) {  // kAtomic, kLane: only the lanes holding a candidate
-    if constexpr (kAdmit == kAtomic) {
+  } else if (chunk_max >= thr) {  // kLane: only the lanes holding a candidate
 #pragma unroll
-      for (int j = 0; j < kPer; ++j) {
-        if (((valid >> j) & 1u) && x[j] >= thr) keys[atomicAdd(&sm.count, 1)] = make_key(x[j], uint32_t(chunk_index<VW>(c, j))), ++n;
-      }
-    } else {
+    for (int j = 0; j < kPer; ++j) n += (((valid >> j) & 1u) && x[j] >= thr) ? 1 : 0;
+    int slot = atomicAdd(&sm.count, n);
 #pragma unroll
-      for (int j = 0; j < kPer; ++j) n += (((valid >> j) & 1u) && x[j] >= thr) ? 1 : 0;
-      int slot = atomicAdd(&sm.count, n);
-#pragma unroll
-      for (int j = 0; j < kPer; ++j) {
-        if (((valid >> j) & 1u) && x[j] >= thr) keys[slot++] = make_key(x[j], uint32_t(chunk_index<VW>(c, j)));
-      }
+    for (int j = 0; j < kPer; ++j) {
+      if (((valid >> j) & 1u) && x[j] >= thr) keys[slot++] = make_key(x[j], uint32_t(chunk_index<VW>(c, j)));
     }
   }
   return n;

@@ -10,7 +10,8 @@ import numpy as np
 THREADS, PER, WARPS = 256, 16, 8        # vocab::kThreads, kPer, kWarps
 CHUNK = THREADS * PER                   # 4096 logits per block step
 CAP = 6144                              # vocab::kCap keys of shared memory
-COMPACT_AT = CAP - CHUNK                # prune when more than this are held
+COMPACT_AT = CAP - CHUNK                # capacity: prune when more than this are held
+MARK_MIN = 512                          # kMarkShipped: prune already at max(2k, 512) held (prune_mark)
 H200_SMS = 132
 U64 = np.uint64
 
@@ -19,8 +20,10 @@ U64 = np.uint64
 class Device:
     """What the emulation models: warp_order 'asc' | 'desc' | 'random' (the order in which a step's warps win
     their shared atomics); guarded=False is the round-2 code the H200 failed (tie stop after an id-bit pass);
-    bounds=False admits as that code did (the whole first chunk, merges from key 1), before first_bound and
-    merge_bound (2026-12-01 s4)."""
+    bounds=False admits and prunes as that code did (the whole first chunk, merges from key 1, prunes only at
+    COMPACT_AT), before first_bound, merge_bound and the prune mark (2026-12-01 s4). The shipped kernel (kLane)
+    gives slots in any lane and warp order; the emulation permutes warps (lanes in order), and the result must
+    not depend on either: keys are distinct and every selection is by key value."""
     warp_order: str = "random"
     guarded: bool = True
     bounds: bool = True
@@ -140,7 +143,7 @@ def stream_block(x: np.ndarray, c0: int, c1: int, k: int, vw: int, rng: np.rando
         if c == c0 and dev.bounds:
             thr = first_bound(x, c, vw_c, k)
         held = np.concatenate([held, _admit(x, c, vw_c, thr, rng, dev)])
-        if held.size > COMPACT_AT:
+        if held.size > (min(COMPACT_AT, max(2 * k, MARK_MIN)) if dev.bounds else COMPACT_AT):
             held, t, kept, _ = prune(held, k, k // 2, rng, dev)
             tv = value_of(t >> 32)
             thr = np.nextafter(tv, np.float32(np.inf)) if kept == k else tv   # strict after an exact prune

@@ -23,14 +23,13 @@
 namespace {
 using Launch = cudaError_t (*)(const kdb::TopkArgs&, cudaStream_t);
 struct Variant { const char* name; Launch fn; };
-const Variant kVariants[] = {  // [0] is the shipped one: every other variant is compared with it
+const Variant kVariants[] = {  // [0] is the shipped one (lane/512): every other variant is compared with it
     {"shipped", kdb::launch_topk<__nv_bfloat16, 8>},
-    {"mask/2048", kdb::launch_topk<__nv_bfloat16, 8, kdb::vocab::kMask, 0>},
+    {"mask/2048", kdb::launch_topk<__nv_bfloat16, 8, kdb::vocab::kMask, 0>},   // round 2 (12-01 s3 + bounds)
     {"mask/512", kdb::launch_topk<__nv_bfloat16, 8, kdb::vocab::kMask, 512>},
-    {"atomic/512", kdb::launch_topk<__nv_bfloat16, 8, kdb::vocab::kAtomic, 512>},
     {"lane/2048", kdb::launch_topk<__nv_bfloat16, 8, kdb::vocab::kLane, 0>},
-    {"lane/512", kdb::launch_topk<__nv_bfloat16, 8, kdb::vocab::kLane, 512>},
     {"lane/256", kdb::launch_topk<__nv_bfloat16, 8, kdb::vocab::kLane, 256>},
+    {"lane/512/s3", kdb::launch_topk<__nv_bfloat16, 8, kdb::vocab::kLane, 512, 3>},  // cp.async stages
     {"probe", kdb::launch_topk<__nv_bfloat16, 8, kdb::vocab::kProbe, 0>},       // admits nothing: not checked
 };
 constexpr int kNV = sizeof(kVariants) / sizeof(kVariants[0]);
