@@ -261,22 +261,21 @@ cudaError_t tree_build_topk_plan(TopkArgs& a, int forced, int device) {
   return cudaSuccess;
 }
 
-// The vocabulary pass's shipped variant: kLane admission, prune at max(2k, 512) held keys, register ping-pong
-// (no cp.async stages: slower in every shape). reports/h200/tree_build_vocab_bench.cu times the others against it.
-constexpr int kAdmitShipped = vocab::kLane, kMarkShipped = 512, kStagesShipped = 0;
+// The vocabulary pass's shipped variant: kLane admission, prune at max(2k, 512) held keys, no sampled estimate.
+// reports/h200/tree_build_vocab_bench.cu times the others against it.
+constexpr int kAdmitShipped = vocab::kLane, kMarkShipped = 512;
+constexpr bool kSampleShipped = false;
 
-template <typename T, int VW, int kAdmit = kAdmitShipped, int kMarkMin = kMarkShipped, int kStages = kStagesShipped>
+template <typename T, int VW, int kAdmit = kAdmitShipped, int kMarkMin = kMarkShipped, bool kSample = kSampleShipped>
 cudaError_t launch_topk(const TopkArgs& a, cudaStream_t stream) {
-  constexpr int stages = VW > 1 ? kStages : 0;  // cp.async stages need 16-byte vectors
-  const size_t smem = vocab::kCap * sizeof(uint64_t) + size_t(stages) * vocab::kChunk * sizeof(T);
-  auto* kernel = vocab::topk_kernel<T, VW, kAdmit, kMarkMin, stages>;
+  const size_t smem = vocab::kCap * sizeof(uint64_t);
+  auto* kernel = vocab::topk_kernel<T, VW, kAdmit, kMarkMin, kSample>;
   KDB_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
   kernel<<<unsigned(a.rows * a.splits), vocab::kThreads, smem, stream>>>(a);
   KDB_LAUNCH_CHECK();
   if (a.splits == 1) return cudaSuccess;
-  const size_t merge_smem = vocab::kCap * sizeof(uint64_t);
-  KDB_CUDA_TRY(cudaFuncSetAttribute(vocab::merge_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(merge_smem)));
-  vocab::merge_kernel<<<unsigned(a.rows), vocab::kThreads, merge_smem, stream>>>(a);
+  KDB_CUDA_TRY(cudaFuncSetAttribute(vocab::merge_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+  vocab::merge_kernel<<<unsigned(a.rows), vocab::kThreads, smem, stream>>>(a);
   KDB_LAUNCH_CHECK();
   return cudaSuccess;
 }

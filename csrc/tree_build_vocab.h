@@ -7,7 +7,6 @@
 #include <cmath>
 
 #include "common.h"
-#include "ptx_mma.h"
 #include "tree_build.h"
 #include "tree_build_select.h"
 
@@ -162,8 +161,9 @@ struct Stream {
   uint64_t* keys;
   TopkSmem& sm;
   int k;
+  float floor = -INFINITY;  // sample_estimate's admission floor (-inf: none)
   bool first = true;
-  float thr = -INFINITY;  // admit x >= thr: the first bound, then thr_val (or the float above it) of a prune
+  float thr = -INFINITY;  // admit x >= thr: max(first bound, floor), then thr_val (or the float above it) of a prune
   int held = 0;           // sm.count as of the last check
   LseState st;
 
@@ -174,6 +174,7 @@ struct Stream {
     if (first) {
       first = false;
       if (k <= kThreads) thr = first_bound(mc, k, sm);
+      thr = fmaxf(thr, floor);
     }
     if (!__syncthreads_or(admit<kAdmit, VW>(keys, sm, x, mc, valid, c, thr))) return;
     held = sm.count;
@@ -212,56 +213,12 @@ __device__ float2 block_ms(LseState st, TopkSmem& sm) {
 
 // Block (row r, split s) streams chunks [s * cps, (s + 1) * cps) of row r. Unsplit (splits == 1): writes the
 // row's outputs. Split: writes its top-min(k, held) keys, sorted and 0-padded to k, and its (m, s) partials.
-// Vector chunks [c, cend) through kStages cp.async stages in shared memory (after the kCap keys), kStages - 1
-// chunks in flight without holding registers. Thread t copies and reads only its own 16-byte vectors of each
-// chunk, so its own wait_group orders copy before read and no barrier guards a stage.
-template <int kStages, typename T, int VW, class S>
-__device__ __forceinline__ void stream_staged(S& s, unsigned char* smem, const T* row, int c0, int cend) {
-  constexpr int kVecs = kPer / VW, kStageBytes = kChunk * int(sizeof(T));
-  const uint32_t base = smem_addr(smem + kCap * sizeof(uint64_t)) + 16 * threadIdx.x;
-  const auto issue = [&](int c) {
-    if (c < cend) {
-#pragma unroll
-      for (int q = 0; q < kVecs; ++q)
-        cp_async_16(base + ((c - c0) % kStages) * kStageBytes + q * kThreads * 16, row + chunk_index<VW>(c, q * VW), true);
-    }
-    cp_async_commit();  // empty groups too: the wait below counts groups
-  };
-  for (int i = 0; i < kStages - 1; ++i) issue(c0 + i);
-  for (int c = c0; c < cend; ++c) {
-    issue(c + kStages - 1);
-    cp_async_wait<kStages - 1>();
-    Raw<T, VW> r;
-    const unsigned char* st = smem + kCap * sizeof(uint64_t) + ((c - c0) % kStages) * kStageBytes + 16 * threadIdx.x;
-#pragma unroll
-    for (int q = 0; q < kVecs; ++q) r.v[q] = *reinterpret_cast<const uint4*>(st + q * kThreads * 16);
-    float x[kPer];
-    r.to_float(x);
-    s.template consume<VW>(x, (1u << kPer) - 1u, c);
-  }
-}
-
-template <typename T, int VW, int kAdmit, int kMarkMin, int kStages>
-__global__ void __launch_bounds__(kThreads, 4) topk_kernel(TopkArgs a) {
-  extern __shared__ __align__(16) unsigned char topk_smem_raw[];
-  uint64_t* keys = reinterpret_cast<uint64_t*>(topk_smem_raw);  // [kCap]
-  __shared__ TopkSmem sm;
-  const int64_t r = blockIdx.x / a.splits;
-  const int split = int(blockIdx.x % a.splits);
-  const int V = a.vocab, k = a.k;
-  const T* row = static_cast<const T*>(a.logits) + r * V;
-  if (threadIdx.x == 0) sm.count = 0, sm.thr_val = -INFINITY, sm.strict = 0;
-  __syncthreads();
-
-  Stream<kAdmit, kMarkMin> s{keys, sm, k};
-  const int nfull = VW > 1 ? V / kChunk : 0;  // vector chunks; the rest goes through scalar loads
-  const int c0 = split * a.chunks_per_split, c1 = min(c0 + a.chunks_per_split, ceil_div(V, kChunk));
-  const int cv = max(c0, min(c1, nfull));     // vector chunks [c0, cv), scalar chunks [cv, c1)
-  if constexpr (kStages > 0) {
-    stream_staged<kStages, T, VW>(s, topk_smem_raw, row, c0, cv);
-  } else if constexpr (sizeof(T) == 2) {
+// Chunks [c0, c1) of the row through s: vector chunks [c0, cv) with one chunk in flight, then scalar ones.
+template <typename T, int VW, class S>
+__device__ __forceinline__ void stream_chunks(S& s, const T* row, int V, int c0, int cv, int c1) {
+  if constexpr (sizeof(T) == 2) {
     // bf16 chunks are 32 B per thread: one chunk ahead keeps ~64 B per thread in flight (fp32 has it without,
-    // and a second buffer would spill).
+    // and a second buffer would spill; cp.async stages in shared memory were slower, plans/0004).
     Raw<T, VW> p, q;
     if (c0 < cv) p.load(row, c0);
     int c = c0;
@@ -282,8 +239,78 @@ __global__ void __launch_bounds__(kThreads, 4) topk_kernel(TopkArgs a) {
     load_scalar(row, c, V, x, valid);
     s.template consume<1>(x, valid, c);
   }
+}
+
+// kSample, blocks of >= kSampleMinChunks vector chunks: an estimate of the block's k-th largest logit from
+// kSampleVecs vectors spread evenly over its vector chunks (vector v of the sample is vector c0 * kChunk / VW
+// + v * stride of the row, stride = vectors / kSampleVecs): the m-th largest sample, m = max(8, 4 k / chunks),
+// so about 4k of the block's logits are >= it. Not a bound: the kernel streams the block again from -inf when
+// fewer than k logits were >= it. Returns -inf when the sample gives none (or a NaN). All threads.
+constexpr int kSampleMinChunks = 8, kSampleVecs = 2 * kThreads;
+template <typename T, int VW>
+__device__ __forceinline__ float sample_estimate(const T* row, int c0, int cv, int k, uint64_t* keys, TopkSmem& sm) {
+  const int64_t stride = int64_t(cv - c0) * (kChunk / VW) / kSampleVecs;
+  Raw<T, VW> r;  // Raw holds kPer / VW = 2 vectors: this thread's sample vectors t and t + kThreads
+#pragma unroll
+  for (int q = 0; q < kPer / VW; ++q)
+    r.v[q] = __ldg(reinterpret_cast<const uint4*>(row) + int64_t(c0) * (kChunk / VW) + (q * kThreads + threadIdx.x) * stride);
+  float x[kPer];
+  r.to_float(x);
+#pragma unroll
+  for (int j = 0; j < kPer; ++j) {
+    const int v = (j / VW) * kThreads + int(threadIdx.x);
+    keys[v * VW + j % VW] = make_key(x[j], uint32_t((int64_t(c0) * (kChunk / VW) + v * stride) * VW + j % VW));
+  }
+  __syncthreads();
+  const int m = max(8, 4 * k / (cv - c0));
+  const uint64_t t = radix_select_ge(keys, kSampleVecs * VW, m, kSampleVecs * VW, sm).t;
+  __syncthreads();  // the keys are scratch: the stream appends from slot 0
+  const float est = float_from_order_key(uint32_t(t >> 32));
+  return isnan(est) ? -INFINITY : est;
+}
+
+// The block's chunks streamed again from -inf (after an estimate above the k-th): outlined, so the rare second
+// stream does not cost the first one registers (inlined twice, the chunk buffers went to local memory).
+template <typename T, int VW, int kAdmit, int kMarkMin>
+__device__ __noinline__ LseState stream_exact(uint64_t* keys, TopkSmem& sm, int k, const T* row, int V, int c0,
+                                              int cv, int c1) {
+  if (threadIdx.x == 0) sm.count = 0;
+  __syncthreads();
+  Stream<kAdmit, kMarkMin> s{keys, sm, k};
+  stream_chunks<T, VW>(s, row, V, c0, cv, c1);
+  return s.st;
+}
+
+template <typename T, int VW, int kAdmit, int kMarkMin, bool kSample>
+__global__ void __launch_bounds__(kThreads, 4) topk_kernel(TopkArgs a) {
+  extern __shared__ __align__(16) unsigned char topk_smem_raw[];
+  uint64_t* keys = reinterpret_cast<uint64_t*>(topk_smem_raw);  // [kCap]
+  __shared__ TopkSmem sm;
+  const int64_t r = blockIdx.x / a.splits;
+  const int split = int(blockIdx.x % a.splits);
+  const int V = a.vocab, k = a.k;
+  const T* row = static_cast<const T*>(a.logits) + r * V;
+  if (threadIdx.x == 0) sm.count = 0, sm.thr_val = -INFINITY, sm.strict = 0;
+  __syncthreads();
+
+  const int nfull = VW > 1 ? V / kChunk : 0;  // vector chunks; the rest goes through scalar loads
+  const int c0 = split * a.chunks_per_split, c1 = min(c0 + a.chunks_per_split, ceil_div(V, kChunk));
+  const int cv = max(c0, min(c1, nfull));     // vector chunks [c0, cv), scalar chunks [cv, c1)
+  float est = -INFINITY;
+  if constexpr (kSample && VW > 1) {
+    if (cv - c0 >= kSampleMinChunks) est = sample_estimate<T, VW>(row, c0, cv, k, keys, sm);
+  }
+  Stream<kAdmit, kMarkMin> s{keys, sm, k, est};
+  stream_chunks<T, VW>(s, row, V, c0, cv, c1);
+  LseState st = s.st;
+  if (est > -INFINITY) {  // block-uniform
+    __syncthreads();
+    const bool redo = sm.count < k;  // fewer than k logits were >= est: est was above the k-th
+    __syncthreads();
+    if (redo) st = stream_exact<T, VW, kAdmit, kMarkMin>(keys, sm, k, row, V, c0, cv, c1);
+  }
   finish_sorted(keys, k, sm);
-  const float2 ms = block_ms(s.st, sm);
+  const float2 ms = block_ms(st, sm);
   if (a.splits == 1) {
     const float lse = ms.x + logf(ms.y);
     write_top(keys, k, lse, a.top_lp + r * k, a.top_tok + r * k);
