@@ -261,12 +261,12 @@ cudaError_t tree_build_topk_plan(TopkArgs& a, int forced, int device) {
   return cudaSuccess;
 }
 
-// The vocabulary pass's shipped variant: kLane admission, prune at max(2k, 512) held keys, no sampled estimate.
+// The vocabulary pass's shipped variant: kLane admission, prune at max(2k, 512) held keys, and from k >= 512
+// the sampled estimate (kSample; below 512 it costs more than it saves, plans/0004 "tree_build").
 // reports/h200/tree_build_vocab_bench.cu times the others against it.
-constexpr int kAdmitShipped = vocab::kLane, kMarkShipped = 512;
-constexpr bool kSampleShipped = false;
+constexpr int kAdmitShipped = vocab::kLane, kMarkShipped = 512, kSampleMinK = 512;
 
-template <typename T, int VW, int kAdmit = kAdmitShipped, int kMarkMin = kMarkShipped, bool kSample = kSampleShipped>
+template <typename T, int VW, int kAdmit, int kMarkMin, bool kSample>
 cudaError_t launch_topk(const TopkArgs& a, cudaStream_t stream) {
   const size_t smem = vocab::kCap * sizeof(uint64_t);
   auto* kernel = vocab::topk_kernel<T, VW, kAdmit, kMarkMin, kSample>;
@@ -280,6 +280,12 @@ cudaError_t launch_topk(const TopkArgs& a, cudaStream_t stream) {
   return cudaSuccess;
 }
 
+template <typename T, int VW>
+cudaError_t launch_topk_shipped(const TopkArgs& a, cudaStream_t stream) {
+  return a.k >= kSampleMinK ? launch_topk<T, VW, kAdmitShipped, kMarkShipped, true>(a, stream)
+                            : launch_topk<T, VW, kAdmitShipped, kMarkShipped, false>(a, stream);
+}
+
 cudaError_t tree_build_topk_launch(const TopkArgs& a, cudaStream_t stream) {
   if (a.rows == 0) return cudaSuccess;
   if (a.k < 1 || a.k > kTreeBuildMaxK || a.k > a.vocab || a.splits < 1 || a.chunks_per_split < 1 ||
@@ -290,8 +296,8 @@ cudaError_t tree_build_topk_launch(const TopkArgs& a, cudaStream_t stream) {
   // 16-byte vectors need every row start aligned: V * esize a multiple of 16 and an aligned base.
   const bool vec = (size_t(a.vocab) * esize) % 16 == 0 && reinterpret_cast<uintptr_t>(a.logits) % 16 == 0;
   if (a.dtype == LogitDtype::kF32)
-    return vec ? launch_topk<float, 4>(a, stream) : launch_topk<float, 1>(a, stream);
-  return vec ? launch_topk<__nv_bfloat16, 8>(a, stream) : launch_topk<__nv_bfloat16, 1>(a, stream);
+    return vec ? launch_topk_shipped<float, 4>(a, stream) : launch_topk_shipped<float, 1>(a, stream);
+  return vec ? launch_topk_shipped<__nv_bfloat16, 8>(a, stream) : launch_topk_shipped<__nv_bfloat16, 1>(a, stream);
 }
 
 }  // namespace kdb

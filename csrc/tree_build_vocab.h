@@ -242,15 +242,17 @@ __device__ __forceinline__ void stream_chunks(S& s, const T* row, int V, int c0,
 }
 
 // kSample, blocks of >= kSampleMinChunks vector chunks: an estimate of the block's k-th largest logit from
-// kSampleVecs vectors spread evenly over its vector chunks (vector v of the sample is vector c0 * kChunk / VW
-// + v * stride of the row, stride = vectors / kSampleVecs): the m-th largest sample, m = max(8, 4 k / chunks),
-// so about 4k of the block's logits are >= it. Not a bound: the kernel streams the block again from -inf when
-// fewer than k logits were >= it. Returns -inf when the sample gives none (or a NaN). All threads.
-constexpr int kSampleMinChunks = 8, kSampleVecs = 2 * kThreads;
+// kThreads * kPer = 4096 logits in kSampleVecs vectors spread evenly over its vector chunks (sample vector v is
+// vector c0 * kChunk / VW + v * stride of the row, stride = the block's vectors / kSampleVecs; thread t loads
+// v = t + q * kThreads): the m-th largest sample, m = max(8, 4 k / chunks), so about 4k of the block's logits
+// are >= it. Not a bound: the kernel streams the block again from -inf when fewer than k logits were >= it.
+// Returns -inf when the sample gives none (or a NaN). All threads.
+constexpr int kSampleMinChunks = 8;
 template <typename T, int VW>
 __device__ __forceinline__ float sample_estimate(const T* row, int c0, int cv, int k, uint64_t* keys, TopkSmem& sm) {
+  constexpr int kSampleVecs = kThreads * (kPer / VW);
   const int64_t stride = int64_t(cv - c0) * (kChunk / VW) / kSampleVecs;
-  Raw<T, VW> r;  // Raw holds kPer / VW = 2 vectors: this thread's sample vectors t and t + kThreads
+  Raw<T, VW> r;
 #pragma unroll
   for (int q = 0; q < kPer / VW; ++q)
     r.v[q] = __ldg(reinterpret_cast<const uint4*>(row) + int64_t(c0) * (kChunk / VW) + (q * kThreads + threadIdx.x) * stride);
@@ -263,7 +265,7 @@ __device__ __forceinline__ float sample_estimate(const T* row, int c0, int cv, i
   }
   __syncthreads();
   const int m = max(8, 4 * k / (cv - c0));
-  const uint64_t t = radix_select_ge(keys, kSampleVecs * VW, m, kSampleVecs * VW, sm).t;
+  const uint64_t t = radix_select_ge(keys, kChunk, m, kChunk, sm).t;  // tie stop once the value word is decided
   __syncthreads();  // the keys are scratch: the stream appends from slot 0
   const float est = float_from_order_key(uint32_t(t >> 32));
   return isnan(est) ? -INFINITY : est;

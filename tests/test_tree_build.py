@@ -32,7 +32,8 @@ class Case:
     budget: int    # max_budget; requests get it, or a random budget in [0, it] when ragged
     dtype: str
     logits: str    # "normal" | "ties" (few distinct values) | "peaked" | "neginf" (some -inf logits) |
-    #                "rising" (ascending in the id: every chunk beats the first chunk's bound) | "sparse" (99.9 % -inf)
+    #                "rising" (ascending in the id: every chunk beats the first chunk's bound) | "sparse" (99.9 % -inf) |
+    #                "decoy" (the sampled estimate's logits, unsplit, are the largest: it lands above the k-th)
     seed: int
     ragged: bool = False
     lp_atol: float = 1e-5  # top_lp vs the float64 reference: fp32 log-softmax of values ~10-20
@@ -84,6 +85,12 @@ def logit_values(case: Case, rng: np.random.Generator) -> np.ndarray:
     elif case.logits == "peaked":
         x = rng.normal(0, 1, shape)
         x[np.arange(shape[0])[:, None], np.arange(shape[1])[None, :], rng.integers(0, shape[2], shape[:2])] += 12
+    elif case.logits == "decoy":
+        # sample_estimate of an unsplit bf16 row (csrc/tree_build_vocab.h): vector v (8 logits) at v * stride.
+        x = rng.normal(0, 1.0, shape)
+        stride = shape[2] // 4096  # vectors: V / 4096 chunks x 512 vectors over 512 sample vectors
+        for v in range(512):
+            x[..., v * stride * 8:v * stride * 8 + 8] = 10.0 + 0.0625 * (v % 64)
     elif case.logits == "rising":
         x = np.linspace(-8.0, 8.0, shape[2]) + rng.normal(0, 0.01, shape)
     else:
@@ -128,6 +135,11 @@ SPLIT_CASES = [
     (Case(2, 3, 4099, 64, "float32", "ties", 43), (2,)),    # the last split holds 3 logits < k: padded list
     (Case(1, 2, 8200, 1, "bfloat16", "normal", 44), (3,)),   # budget 1; the last split holds 8 logits
     (Case(3, 2, 12289, 1000, "float32", "neginf", 45), (4,)),
+    # the sampled estimate (k >= 512, >= 8 vector chunks per split): kept, re-streamed (decoy), ties, fp32, rising
+    (Case(1, 3, 163840, 1024, "bfloat16", "normal", 46), (1, 4)),
+    (Case(1, 2, 163840, 1024, "bfloat16", "decoy", 47), (1,)),
+    (Case(1, 2, 163840, 512, "float32", "ties", 48), (1, 5)),
+    (Case(1, 2, 163840, 1024, "bfloat16", "rising", 49), (1, 2)),
 ]
 
 

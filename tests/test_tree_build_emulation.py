@@ -39,6 +39,17 @@ def test_emulated_forced_splits_match_reference(case, splits):
             np.testing.assert_array_equal(got[b], want[b], err_msg=f"splits {s}, request {b}")
 
 
+def test_emulated_decoy_restreams_and_stays_exact():
+    """The decoy case puts the sampled logits above the rest: the estimate lands above the k-th, the block
+    streams again from -inf (the branch this case exists for), and the top-k is still the reference's."""
+    case = next(c for c, _ in SPLIT_CASES if c.logits == "decoy")
+    x = logit_values(case, np.random.default_rng(case.seed))
+    k, stats = min(case.budget, case.vocab), {}
+    got = em.topk_tokens(x[0], k, 1, em.Device("random", seed=case.seed), ELEM_BYTES[case.dtype], stats)
+    np.testing.assert_array_equal(got, ref.topk_logprobs(x[0], k)[1])
+    assert stats.get("restreams", 0) == case.depth, stats
+
+
 # The tie cases the H200 failed (gpu_tests.log of 2026-12-01 session 2) with the forced split count of the failure.
 H200_FAILED = [(c, 0) for c in CASES if c.logits == "ties" and c.vocab == 163840] + [
     (c, s[0]) for c, s in SPLIT_CASES if c.logits == "ties"]

@@ -12,6 +12,7 @@ CHUNK = THREADS * PER                   # 4096 logits per block step
 CAP = 6144                              # vocab::kCap keys of shared memory
 COMPACT_AT = CAP - CHUNK                # capacity: prune when more than this are held
 MARK_MIN = 512                          # kMarkShipped: prune already at max(2k, 512) held (prune_mark)
+SAMPLE_MIN_K, SAMPLE_MIN_CHUNKS = 512, 8  # kSampleMinK (launcher), kSampleMinChunks
 H200_SMS = 132
 U64 = np.uint64
 
@@ -135,18 +136,47 @@ def _finish_sorted(held: np.ndarray, k: int, rng: np.random.Generator, dev: Devi
     return out
 
 
-def stream_block(x: np.ndarray, c0: int, c1: int, k: int, vw: int, rng: np.random.Generator, dev: Device):
-    """topk_kernel for one (row, split) block over chunks [c0, c1) of the row x (float32 [V])."""
+def sample_estimate(x: np.ndarray, c0: int, cv: int, k: int, vw: int) -> np.float32:
+    """sample_estimate(): the m-th largest of THREADS * PER logits in vectors spread over the vector chunks
+    [c0, cv) (vector v at c0 * CHUNK / vw + v * stride), m = max(8, 4k / chunks); NaN -> -inf."""
+    nvecs = THREADS * (PER // vw)
+    stride = (cv - c0) * (CHUNK // vw) // nvecs
+    g = c0 * (CHUNK // vw) + np.arange(nvecs) * stride
+    ids = (g[:, None] * vw + np.arange(vw)[None, :]).ravel()
+    keys = np.sort(make_keys(x[ids], ids))[::-1]
+    return value_of(int(keys[max(8, 4 * k // (cv - c0)) - 1]) >> 32)
+
+
+def _stream(x: np.ndarray, c0: int, c1: int, k: int, vw: int, floor: np.float32, rng: np.random.Generator,
+            dev: Device) -> np.ndarray:
+    """Stream.consume over chunks [c0, c1): admission from max(first_bound, floor), prunes at the mark."""
     held, thr = np.zeros(0, U64), np.float32(-np.inf)
     for c in range(c0, c1):
         vw_c = vw if c < x.size // CHUNK else 1          # the tail chunk goes through scalar loads
         if c == c0 and dev.bounds:
-            thr = first_bound(x, c, vw_c, k)
+            thr = max(first_bound(x, c, vw_c, k), floor)
         held = np.concatenate([held, _admit(x, c, vw_c, thr, rng, dev)])
         if held.size > (min(COMPACT_AT, max(2 * k, MARK_MIN)) if dev.bounds else COMPACT_AT):
             held, t, kept, _ = prune(held, k, k // 2, rng, dev)
             tv = value_of(t >> 32)
             thr = np.nextafter(tv, np.float32(np.inf)) if kept == k else tv   # strict after an exact prune
+    return held
+
+
+def stream_block(x: np.ndarray, c0: int, c1: int, k: int, vw: int, rng: np.random.Generator, dev: Device,
+                 stats: dict | None = None):
+    """topk_kernel for one (row, split) block over chunks [c0, c1) of the row x (float32 [V]): the sampled
+    estimate from k >= SAMPLE_MIN_K on >= SAMPLE_MIN_CHUNKS vector chunks, a second stream from -inf when fewer
+    than k logits were >= it (counted in stats['restreams'])."""
+    cv = max(c0, min(c1, x.size // CHUNK if vw > 1 else 0))
+    est = np.float32(-np.inf)
+    if dev.bounds and k >= SAMPLE_MIN_K and cv - c0 >= SAMPLE_MIN_CHUNKS:
+        est = sample_estimate(x, c0, cv, k, vw)
+    held = _stream(x, c0, c1, k, vw, est, rng, dev)
+    if est > -np.inf and held.size < k:
+        held = _stream(x, c0, c1, k, vw, np.float32(-np.inf), rng, dev)
+        if stats is not None:
+            stats["restreams"] = stats.get("restreams", 0) + 1
     return _finish_sorted(held, k, rng, dev)
 
 
@@ -179,7 +209,8 @@ def plan(rows: int, vocab: int, k: int, forced: int = 0, sms: int = H200_SMS) ->
     return -(-nchunks // cps), cps
 
 
-def topk_tokens(x: np.ndarray, k: int, forced: int, dev: Device, elem_bytes: int) -> np.ndarray:
+def topk_tokens(x: np.ndarray, k: int, forced: int, dev: Device, elem_bytes: int,
+                stats: dict | None = None) -> np.ndarray:
     """tree_build_topk's top_tok for logits x [rows, V] (values exactly float32): [rows, k] int64."""
     rows, V = x.shape
     splits, cps = plan(rows, V, k, forced)
@@ -189,7 +220,7 @@ def topk_tokens(x: np.ndarray, k: int, forced: int, dev: Device, elem_bytes: int
     out = np.zeros((rows, k), np.int64)
     for r in range(rows):
         xr = x[r].astype(np.float32)
-        parts = [stream_block(xr, s * cps, min(nchunks, (s + 1) * cps), k, vw, rng, dev) for s in range(splits)]
+        parts = [stream_block(xr, s * cps, min(nchunks, (s + 1) * cps), k, vw, rng, dev, stats) for s in range(splits)]
         keys = parts[0] if splits == 1 else merge(np.concatenate(parts), k, rng, dev)
         out[r] = (~(keys & U64(0xFFFFFFFF)).astype(np.uint32)).astype(np.int64)
     return out

@@ -1,4 +1,4 @@
-"""The tree_build kernels alone (vocabulary pass unsplit, split + merge, builder) on small odd inputs, for
+"""The tree_build kernels alone (vocabulary pass unsplit, split + merge, sampled, builder) on small odd inputs, for
 compute-sanitizer (memcheck, racecheck) within a short GPU call; sanitize_kernels.py runs every family.
 Usage: compute-sanitizer --tool memcheck python3 reports/h200/sanitize_tree_build.py"""
 import torch
@@ -19,5 +19,15 @@ for dtype in (torch.bfloat16, torch.float32):
             past = torch.full((b,), 63, dtype=torch.int32, device=dev)
             cuda_ext.tree_build(logits, budgets, roots, past, budget)
             cuda_ext.tree_build_topk(logits, min(budget, v), 3)
+# the sampled estimate (k >= 512 on >= 8 vector chunks per split), and its second stream: 2 rows of V 163840,
+# unsplit and 3 splits; the decoy rows put the sampled logits (vector v * 40 of 8) above all others
+for dtype in (torch.bfloat16, torch.float32):
+    normal = torch.randn(1, 2, 163840, generator=g, device=dev).mul_(3)
+    decoy = torch.randn(1, 2, 163840, generator=g, device=dev)
+    # vector v * 40 (bf16: 8 logits) of every 320-logit group, distinct per v: fewer than k logits >= the estimate
+    decoy.view(1, 2, 512, 320)[..., :8] = 10.0 + torch.arange(512, device=dev).view(512, 1) / 64
+    for logits in (normal.to(dtype), decoy.to(dtype)):
+        for splits in (1, 3):
+            cuda_ext.tree_build_topk(logits, 1024, splits)
 torch.cuda.synchronize()
 print("sanitize_tree_build: all kernels ran")

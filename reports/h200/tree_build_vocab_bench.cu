@@ -15,7 +15,7 @@
 #include <string>
 #include <vector>
 
-#include "tree_build.cu"  // kdb::launch_topk<T, VW, kAdmit, kMarkMin>, tree_build_topk_plan
+#include "tree_build.cu"  // kdb::launch_topk<T, VW, kAdmit, kMarkMin, kSample>, launch_topk_shipped, the plan
 
 #define CK(x) do { cudaError_t e_ = (x); if (e_ != cudaSuccess) { \
   std::fprintf(stderr, "%s:%d %s\n", __FILE__, __LINE__, cudaGetErrorString(e_)); std::exit(1); } } while (0)
@@ -23,21 +23,20 @@
 namespace {
 using Launch = cudaError_t (*)(const kdb::TopkArgs&, cudaStream_t);
 struct Variant { const char* name; Launch fn; };
-const Variant kVariants[] = {  // [0] is the shipped one (lane/512): every other variant is compared with it
-    {"shipped", kdb::launch_topk<__nv_bfloat16, 8>},
-    {"mask/2048", kdb::launch_topk<__nv_bfloat16, 8, kdb::vocab::kMask, 0>},   // round 2 (12-01 s3 + bounds)
-    {"lane/256", kdb::launch_topk<__nv_bfloat16, 8, kdb::vocab::kLane, 256>},
+const Variant kVariants[] = {  // [0] is the shipped one: every other variant is compared with it
+    {"shipped", kdb::launch_topk_shipped<__nv_bfloat16, 8>},  // lane/512, sampled from k >= 512
+    {"mask/2048", kdb::launch_topk<__nv_bfloat16, 8, kdb::vocab::kMask, 0, false>},   // round 2 (+ bounds)
+    {"lane/512", kdb::launch_topk<__nv_bfloat16, 8, kdb::vocab::kLane, 512, false>},
     {"lane/512/sample", kdb::launch_topk<__nv_bfloat16, 8, kdb::vocab::kLane, 512, true>},
-    {"lane/256/sample", kdb::launch_topk<__nv_bfloat16, 8, kdb::vocab::kLane, 256, true>},
-    {"probe", kdb::launch_topk<__nv_bfloat16, 8, kdb::vocab::kProbe, 0>},       // admits nothing: not checked
-    {"probe/sample", kdb::launch_topk<__nv_bfloat16, 8, kdb::vocab::kProbe, 0, true>},
+    {"probe", kdb::launch_topk<__nv_bfloat16, 8, kdb::vocab::kProbe, 0, false>},  // admits nothing: not checked
 };
 constexpr int kNV = sizeof(kVariants) / sizeof(kVariants[0]);
 constexpr int L = 15, V = 163840, kRounds = 15;
 
 struct Shape { int batch, k; bool rising; };
 const Shape kShapes[] = {{32, 256, false}, {32, 16, false}, {1, 64, false}, {8, 64, false}, {64, 16, false},
-                         {32, 1024, false}, {1, 16, false}, {32, 256, true}};
+                         {32, 1024, false}, {1, 16, false}, {32, 256, true}, {32, 1024, true}, {64, 1024, false},
+                         {32, 512, false}};
 
 uint16_t to_bf16(float f) {  // round to nearest even (finite inputs)
   uint32_t u;
