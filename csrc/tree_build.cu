@@ -268,28 +268,22 @@ constexpr int kAdmitShipped = vocab::kLane, kMarkShipped = 512, kSampleMinK = 51
 
 template <typename T, int VW, int kAdmit, int kMarkMin, bool kSample>
 cudaError_t launch_topk(const TopkArgs& a, cudaStream_t stream) {
-  static_assert(kAdmit != vocab::kDefer || (sizeof(T) == 2 && VW == 8 && kMarkMin > 0 && !kSample),
-                "kDefer: bf16 vectors, a prune mark below its capacity, no second stream");
-  const size_t smem = kAdmit == vocab::kDefer
-      ? vocab::kCapDefer * sizeof(uint64_t) + size_t(vocab::kThreads) * (vocab::kPer / VW * 16 + sizeof(int))
-      : vocab::kCap * sizeof(uint64_t);
+  const size_t smem = vocab::kCap * sizeof(uint64_t);
   auto* kernel = vocab::topk_kernel<T, VW, kAdmit, kMarkMin, kSample>;
   KDB_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
   kernel<<<unsigned(a.rows * a.splits), vocab::kThreads, smem, stream>>>(a);
   KDB_LAUNCH_CHECK();
   if (a.splits == 1) return cudaSuccess;
-  const size_t merge_smem = vocab::kCap * sizeof(uint64_t);
-  KDB_CUDA_TRY(cudaFuncSetAttribute(vocab::merge_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(merge_smem)));
-  vocab::merge_kernel<<<unsigned(a.rows), vocab::kThreads, merge_smem, stream>>>(a);
+  KDB_CUDA_TRY(cudaFuncSetAttribute(vocab::merge_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+  vocab::merge_kernel<<<unsigned(a.rows), vocab::kThreads, smem, stream>>>(a);
   KDB_LAUNCH_CHECK();
   return cudaSuccess;
 }
 
 template <typename T, int VW>
 cudaError_t launch_topk_shipped(const TopkArgs& a, cudaStream_t stream) {
-  if (a.k >= kSampleMinK) return launch_topk<T, VW, kAdmitShipped, kMarkShipped, true>(a, stream);
-  if constexpr (sizeof(T) == 2 && VW == 8) return launch_topk<T, VW, vocab::kDefer, kMarkShipped, false>(a, stream);
-  return launch_topk<T, VW, kAdmitShipped, kMarkShipped, false>(a, stream);
+  return a.k >= kSampleMinK ? launch_topk<T, VW, kAdmitShipped, kMarkShipped, true>(a, stream)
+                            : launch_topk<T, VW, kAdmitShipped, kMarkShipped, false>(a, stream);
 }
 
 cudaError_t tree_build_topk_launch(const TopkArgs& a, cudaStream_t stream) {

@@ -40,7 +40,6 @@ struct TopkSmem {
   int sel_digit, sel_above, sel_bin;
   float red_m[kWarps], red_s[kWarps];
   float red_t[kWarps];     // first_bound: each warp's bound
-  int rec_count[2];        // kDefer: records parked by the chunk of this parity
   uint64_t red_key[kWarps];  // merge_kernel: each warp's largest k-th split key
 };
 

@@ -92,11 +92,9 @@ __device__ __forceinline__ void lse_merge(float& m, float& s, float m2, float s2
 //           (round 2; 1.1-1.2x slower than kLane at B 32, call D of 2026-12-01 s4);
 //   kLane:  lanes holding a candidate only (divergent), one shared atomic per lane for its count (the compiler
 //           aggregates the warp's), then the stores (shipped);
-//   kDefer: bf16 vector chunks: a lane holding a candidate parks its raw chunk vectors as a record, and after the
-//           barrier one thread per record admits its keys (Stream::consume_deferred); scalar chunks as kLane;
 //   kProbe: admits nothing (wrong outputs): the bench's bound on the streaming and log-sum-exp alone.
 // (A per-key atomic and a per-slot ballot were slower; the figures are in plans/0004 "tree_build".)
-enum Admit : int { kMask = 0, kLane = 1, kProbe = 2, kDefer = 3 };
+enum Admit : int { kMask = 0, kLane = 1, kProbe = 2 };
 
 template <int kAdmit, int VW>
 __device__ __forceinline__ int admit(uint64_t* keys, TopkSmem& sm, const float (&x)[kPer], float chunk_max,
@@ -149,24 +147,17 @@ __device__ float first_bound(float chunk_max, int k, TopkSmem& sm) {
   return t;
 }
 
-// kDefer's key capacity: its records (8 KB + 1 KB) must fit beside the keys in 4 blocks per SM.
-constexpr int kCapDefer = 5632;
-template <int kAdmit>
-__host__ __device__ constexpr int key_capacity() { return kAdmit == kDefer ? kCapDefer : kCap; }
-
-// Prune when more than this many keys are held: the capacity bound (held + one chunk <= capacity), or, with
-// kMarkMin > 0, already at max(2k, kMarkMin): a tighter threshold sooner, so fewer warps admit later.
-template <int kAdmit, int kMarkMin>
+// Prune when more than this many keys are held: kCompactAt (the capacity bound: held + one chunk <= kCap), or,
+// with kMarkMin > 0, already at max(2k, kMarkMin): a tighter threshold sooner, so fewer warps admit later.
+template <int kMarkMin>
 __device__ __forceinline__ int prune_mark(int k) {
-  constexpr int cap = key_capacity<kAdmit>() - kChunk;
-  return kMarkMin > 0 ? min(cap, max(2 * k, kMarkMin)) : cap;
+  return kMarkMin > 0 ? min(kCompactAt, max(2 * k, kMarkMin)) : kCompactAt;
 }
 
 // One block's streaming state. thr and held are the same in every thread and change only at block-uniform
 // points (after a barrier), so every thread takes the same prune decisions.
 template <int kAdmit, int kMarkMin>
 struct Stream {
-  static constexpr int kAdmitMode = kAdmit;
   uint64_t* keys;
   TopkSmem& sm;
   int k;
@@ -180,67 +171,19 @@ struct Stream {
   template <int VW>
   __device__ __forceinline__ void consume(const float (&x)[kPer], unsigned valid, int c) {
     const float mc = st.add(x);
-    if (first) start(mc);
+    if (first) {
+      first = false;
+      if (k <= kThreads) thr = first_bound(mc, k, sm);
+      thr = fmaxf(thr, floor);
+    }
     if (!__syncthreads_or(admit<kAdmit, VW>(keys, sm, x, mc, valid, c, thr))) return;
     held = sm.count;
     __syncthreads();  // every thread has read the count before the next chunk appends
-    maybe_prune();
-  }
-
-  __device__ __forceinline__ void start(float mc) {
-    first = false;
-    if (k <= kThreads) thr = first_bound(mc, k, sm);
-    thr = fmaxf(thr, floor);
-  }
-  __device__ __forceinline__ void maybe_prune() {
-    if (held > prune_mark<kAdmit, kMarkMin>(k)) {
+    if (held > prune_mark<kMarkMin>(k)) {
       held = prune(keys, k, k / 2, sm).kept;
       // Exact prune: the k kept keys beat every later logit equal to thr_val (later ids are larger).
       thr = sm.strict ? nextafterf(sm.thr_val, INFINITY) : sm.thr_val;
     }
-  }
-
-  // kDefer, one bf16 vector chunk (raw: this thread's vectors of it). Records live after the kCapDefer keys:
-  // [kThreads][kPer / VW] vectors, then [kThreads] ids (c * kThreads + owner thread). Chunk c counts its records
-  // in rec_count[c & 1]; thread 0 zeroes it after the drain, and the next chunk's barrier orders that before
-  // chunk c + 2 counts again. The count of keys is read after the drain's barrier: the next change to it is
-  // the next chunk's drain, after that chunk's barrier.
-  template <int VW>
-  __device__ __forceinline__ void consume_deferred(const float (&x)[kPer], const uint4 (&raw)[kPer / VW], int c) {
-    constexpr int kVecs = kPer / VW;
-    const float mc = st.add(x);
-    if (first) start(mc);
-    uint4* rec = reinterpret_cast<uint4*>(keys + kCapDefer);
-    int* rec_id = reinterpret_cast<int*>(rec + kVecs * kThreads);
-    int* rc = &sm.rec_count[c & 1];
-    const bool cand = mc >= thr;
-    if (cand) {
-      const int slot = atomicAdd(rc, 1);
-#pragma unroll
-      for (int q = 0; q < kVecs; ++q) rec[slot * kVecs + q] = raw[q];
-      rec_id[slot] = c * kThreads + int(threadIdx.x);
-    }
-    if (!__syncthreads_or(cand)) return;
-    if (int(threadIdx.x) < *rc) {
-      Raw<__nv_bfloat16, VW> r;
-#pragma unroll
-      for (int q = 0; q < kVecs; ++q) r.v[q] = rec[threadIdx.x * kVecs + q];
-      float y[kPer];
-      r.to_float(y);
-      const int id = rec_id[threadIdx.x], cc = id / kThreads, owner = id % kThreads;
-      int n = 0;
-#pragma unroll
-      for (int j = 0; j < kPer; ++j) n += y[j] >= thr ? 1 : 0;
-      int slot = atomicAdd(&sm.count, n);
-#pragma unroll
-      for (int j = 0; j < kPer; ++j) {
-        if (y[j] >= thr) keys[slot++] = make_key(y[j], uint32_t(cc * kChunk + (j / VW) * (kThreads * VW) + owner * VW + j % VW));
-      }
-    }
-    __syncthreads();
-    if (threadIdx.x == 0) *rc = 0;
-    held = sm.count;
-    maybe_prune();
   }
 };
 
@@ -252,8 +195,7 @@ __device__ __forceinline__ void vec_step(S& s, Raw<T, VW>& cur, Raw<T, VW>& nxt,
   if (c + 1 < cend) nxt.load(row, c + 1);
   float x[kPer];
   cur.to_float(x);
-  if constexpr (S::kAdmitMode == kDefer && sizeof(T) == 2) s.template consume_deferred<VW>(x, cur.v, c);
-  else s.template consume<VW>(x, (1u << kPer) - 1u, c);
+  s.template consume<VW>(x, (1u << kPer) - 1u, c);
 }
 
 // Block-wide (m, s) from the per-thread states, merged in a fixed order (every block of a row alike).
@@ -350,7 +292,7 @@ __global__ void __launch_bounds__(kThreads, 4) topk_kernel(TopkArgs a) {
   const int split = int(blockIdx.x % a.splits);
   const int V = a.vocab, k = a.k;
   const T* row = static_cast<const T*>(a.logits) + r * V;
-  if (threadIdx.x == 0) sm.count = 0, sm.thr_val = -INFINITY, sm.strict = 0, sm.rec_count[0] = sm.rec_count[1] = 0;
+  if (threadIdx.x == 0) sm.count = 0, sm.thr_val = -INFINITY, sm.strict = 0;
   __syncthreads();
 
   const int nfull = VW > 1 ? V / kChunk : 0;  // vector chunks; the rest goes through scalar loads

@@ -22,8 +22,8 @@ class Device:
     """What the emulation models: warp_order 'asc' | 'desc' | 'random' (the order in which a step's warps win
     their shared atomics); guarded=False is the round-2 code the H200 failed (tie stop after an id-bit pass);
     bounds=False admits and prunes as that code did (the whole first chunk, merges from key 1, prunes only at
-    COMPACT_AT), before first_bound, merge_bound and the prune mark (2026-12-01 s4). The shipped kernel (kDefer
-    below k 512, kLane from 512) gives slots in any lane and warp order; the emulation permutes warps (lanes in order), and the result must
+    COMPACT_AT), before first_bound, merge_bound and the prune mark (2026-12-01 s4). The shipped kernel (kLane)
+    gives slots in any lane and warp order; the emulation permutes warps (lanes in order), and the result must
     not depend on either: keys are distinct and every selection is by key value."""
     warp_order: str = "random"
     guarded: bool = True

@@ -24,12 +24,10 @@ namespace {
 using Launch = cudaError_t (*)(const kdb::TopkArgs&, cudaStream_t);
 struct Variant { const char* name; Launch fn; };
 const Variant kVariants[] = {  // [0] is the shipped one: every other variant is compared with it
-    {"shipped", kdb::launch_topk_shipped<__nv_bfloat16, 8>},  // defer/512 below k 512, lane/512/sample from 512
+    {"shipped", kdb::launch_topk_shipped<__nv_bfloat16, 8>},  // lane/512, sampled from k >= 512
     {"mask/2048", kdb::launch_topk<__nv_bfloat16, 8, kdb::vocab::kMask, 0, false>},   // round 2 (+ bounds)
     {"lane/512", kdb::launch_topk<__nv_bfloat16, 8, kdb::vocab::kLane, 512, false>},
     {"lane/512/sample", kdb::launch_topk<__nv_bfloat16, 8, kdb::vocab::kLane, 512, true>},
-    {"defer/512", kdb::launch_topk<__nv_bfloat16, 8, kdb::vocab::kDefer, 512, false>},
-    {"defer/256", kdb::launch_topk<__nv_bfloat16, 8, kdb::vocab::kDefer, 256, false>},
     {"probe", kdb::launch_topk<__nv_bfloat16, 8, kdb::vocab::kProbe, 0, false>},  // admits nothing: not checked
 };
 constexpr int kNV = sizeof(kVariants) / sizeof(kVariants[0]);
