@@ -19,7 +19,7 @@ for dtype in (torch.bfloat16, torch.float32):
             past = torch.full((b,), 63, dtype=torch.int32, device=dev)
             cuda_ext.tree_build(logits, budgets, roots, past, budget)
             cuda_ext.tree_build_topk(logits, min(budget, v), 3)
-# the sampled estimate (k >= 512 on >= 8 vector chunks per split), and its second stream: 2 rows of V 163840,
+# the sampled estimate (k >= 512 on >= 8 vector chunks per split) and its second stream, and k 64: 2 rows of V 163840,
 # unsplit and 3 splits; the decoy rows put the sampled logits (vector v * 40 of 8) above all others
 for dtype in (torch.bfloat16, torch.float32):
     normal = torch.randn(1, 2, 163840, generator=g, device=dev).mul_(3)
@@ -28,6 +28,7 @@ for dtype in (torch.bfloat16, torch.float32):
     decoy.view(1, 2, 512, 320)[..., :8] = 10.0 + torch.arange(512, device=dev).view(512, 1) / 64
     for logits in (normal.to(dtype), decoy.to(dtype)):
         for splits in (1, 3):
-            cuda_ext.tree_build_topk(logits, 1024, splits)
+            for k in (1024, 64):  # the sampled path; k 64: the unsampled kernel on bf16 vectors (added after call E)
+                cuda_ext.tree_build_topk(logits, k, splits)
 torch.cuda.synchronize()
 print("sanitize_tree_build: all kernels ran")
