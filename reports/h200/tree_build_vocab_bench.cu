@@ -89,102 +89,134 @@ int check(const kdb::TopkArgs& a, const std::vector<Buffers>& buf, const std::ve
   if (t0 != ti || std::memcmp(l0.data(), li.data(), n * 4) != 0) return std::printf("  %s: differs from shipped\n", kVariants[i].name), 1;
   return 0;
 }
+
+// Copy ceiling: 2 x 1 GiB / t of a device copy (read + write), best of 5.
+double copy_bytes_per_s(cudaEvent_t e0, cudaEvent_t e1) {
+  void *src, *dst;
+  CK(cudaMalloc(&src, 1 << 30));
+  CK(cudaMalloc(&dst, 1 << 30));
+  float best = 1e9f, ms;
+  for (int i = 0; i < 5; ++i) {
+    CK(cudaEventRecord(e0));
+    CK(cudaMemcpy(dst, src, 1 << 30, cudaMemcpyDeviceToDevice));
+    CK(cudaEventRecord(e1));
+    CK(cudaEventSynchronize(e1));
+    CK(cudaEventElapsedTime(&ms, e0, e1));
+    best = std::min(best, ms);
+  }
+  CK(cudaFree(src));
+  CK(cudaFree(dst));
+  return 2.0 * (1 << 30) / (best * 1e-3);
+}
+
+// bf16 logits [rows, V]: N(0, 3), or rising (ascending in the id, small noise).
+std::vector<uint16_t> make_logits(const Shape& sh, int64_t rows, std::mt19937& gen) {
+  std::normal_distribution<float> nd(0.f, 3.f);
+  std::vector<uint16_t> host(size_t(rows) * V);
+  for (int64_t r = 0; r < rows; ++r)
+    for (int v = 0; v < V; ++v) host[size_t(r) * V + v] = to_bf16(sh.rising ? -8.f + 16.f * v / V + 0.01f * nd(gen) / 3.f : nd(gen));
+  return host;
+}
+
+// Each variant's outputs and work buffers, poisoned, and one launch of each.
+void launch_all(const kdb::TopkArgs& a, std::vector<Buffers>& buf, std::vector<kdb::TopkArgs>& args) {
+  const int64_t rows = a.rows, k = a.k;
+  for (int i = 0; i < kNV; ++i) {
+    CK(cudaMalloc(&buf[i].lp, rows * k * 4));
+    CK(cudaMalloc(&buf[i].tok, rows * k * 8));
+    CK(cudaMalloc(&buf[i].lse, rows * 4));
+    CK(cudaMalloc(&buf[i].part, rows * a.splits * k * 8));
+    CK(cudaMalloc(&buf[i].ms, rows * a.splits * 8));
+    CK(cudaMemset(buf[i].tok, 0xff, rows * k * 8));  // poison: an unwritten slot reads as token -1
+    CK(cudaMemset(buf[i].lp, 0xff, rows * k * 4));
+    args[i].top_lp = buf[i].lp, args[i].top_tok = buf[i].tok, args[i].lse = buf[i].lse;
+    args[i].part_keys = buf[i].part, args[i].part_ms = buf[i].ms;
+    CK(kVariants[i].fn(args[i], 0));
+  }
+  CK(cudaDeviceSynchronize());
+}
+
+// Per variant, kRounds samples (us) after 2 warm-up rounds; the order is reversed on odd rounds (ABBA).
+std::vector<std::vector<float>> time_all(const std::vector<kdb::TopkArgs>& args, void* flush, cudaEvent_t e0,
+                                         cudaEvent_t e1) {
+  std::vector<std::vector<float>> t(kNV);
+  for (int round = 0; round < kRounds + 2; ++round) {
+    for (int n = 0; n < kNV; ++n) {
+      const int i = round % 2 ? kNV - 1 - n : n;
+      CK(cudaMemsetAsync(flush, round & 0xff, 256 << 20));
+      CK(cudaEventRecord(e0));
+      CK(kVariants[i].fn(args[i], 0));
+      CK(cudaEventRecord(e1));
+      CK(cudaEventSynchronize(e1));
+      float ms;
+      CK(cudaEventElapsedTime(&ms, e0, e1));
+      if (round >= 2) t[i].push_back(ms * 1e3f);
+    }
+  }
+  return t;
+}
+
+void report(FILE* out, const Shape& sh, const kdb::TopkArgs& a, int i, const std::vector<float>& t, int bad) {
+  const char* kind = sh.rising ? "rising" : "normal";
+  std::fprintf(out, "{\"batch\": %d, \"k\": %d, \"logits\": \"%s\", \"splits\": %d, \"variant\": \"%s\", "
+               "\"median_us\": %.2f, \"p10_us\": %.2f, \"p90_us\": %.2f, \"bytes\": %lld, \"exact\": %s}\n",
+               sh.batch, sh.k, kind, a.splits, kVariants[i].name, median(t), median(t, 0.1), median(t, 0.9),
+               (long long)(a.rows * V * 2), bad ? "false" : "true");
+  std::printf("B%-3d K%-5d %-7s splits %-3d %-12s %8.2f us (p10 %.2f p90 %.2f)%s\n", sh.batch, sh.k, kind, a.splits,
+              kVariants[i].name, median(t), median(t, 0.1), median(t, 0.9), bad ? "  MISMATCH" : "");
+}
+
+// One shape: logits, host reference (request 0), check, time, check again, report; returns mismatches.
+int run_shape(const Shape& sh, bool once, FILE* out, void* flush, cudaEvent_t e0, cudaEvent_t e1, std::mt19937& gen) {
+  const int64_t rows = int64_t(sh.batch) * L;
+  const std::vector<uint16_t> host = make_logits(sh, rows, gen);
+  std::vector<std::vector<int64_t>> ref(L);
+  for (int r = 0; r < L; ++r) ref[r] = host_topk(host.data() + size_t(r) * V, sh.k);
+  void* logits;
+  CK(cudaMalloc(&logits, host.size() * 2));
+  CK(cudaMemcpy(logits, host.data(), host.size() * 2, cudaMemcpyHostToDevice));
+  kdb::TopkArgs a{logits, kdb::LogitDtype::kBF16, rows, V, sh.k, nullptr, nullptr, nullptr};
+  CK(kdb::tree_build_topk_plan(a, 0, 0));
+  std::vector<Buffers> buf(kNV);
+  std::vector<kdb::TopkArgs> args(kNV, a);
+  launch_all(a, buf, args);
+  int fails = 0;
+  for (int i = 0; i < kNV; ++i) fails += check(a, buf, ref, i);
+  if (!once) {
+    const std::vector<std::vector<float>> t = time_all(args, flush, e0, e1);
+    for (int i = 0; i < kNV; ++i) {
+      const int bad = check(a, buf, ref, i);  // the outputs of the last timed launch
+      fails += bad;
+      report(out, sh, a, i, t[i], bad);
+    }
+  }
+  for (Buffers& b : buf) {  // after every check: each reads the shipped variant's buffers
+    CK(cudaFree(b.lp));
+    CK(cudaFree(b.tok));
+    CK(cudaFree(b.lse));
+    CK(cudaFree(b.part));
+    CK(cudaFree(b.ms));
+  }
+  std::fflush(out);
+  CK(cudaFree(logits));
+  return fails;
+}
 }  // namespace
 
 int main(int argc, char** argv) {
   if (argc < 2) return std::fprintf(stderr, "usage: %s OUT.jsonl [SHAPES]\n", argv[0]), 2;
   const int nshapes = argc > 2 ? std::atoi(argv[2]) : 0, limit = nshapes == 0 ? 1 << 30 : std::abs(nshapes);
-  const bool once = nshapes < 0;
   FILE* out = std::fopen(argv[1], "w");
   void* flush = nullptr;
   CK(cudaMalloc(&flush, 256 << 20));
   cudaEvent_t e0, e1;
   CK(cudaEventCreate(&e0));
   CK(cudaEventCreate(&e1));
-  {  // copy ceiling: 2 x 1 GiB / t of a device copy (read + write), best of 5
-    void *src, *dst;
-    CK(cudaMalloc(&src, 1 << 30));
-    CK(cudaMalloc(&dst, 1 << 30));
-    float best = 1e9f, ms;
-    for (int i = 0; i < 5; ++i) {
-      CK(cudaEventRecord(e0));
-      CK(cudaMemcpy(dst, src, 1 << 30, cudaMemcpyDeviceToDevice));
-      CK(cudaEventRecord(e1));
-      CK(cudaEventSynchronize(e1));
-      CK(cudaEventElapsedTime(&ms, e0, e1));
-      best = std::min(best, ms);
-    }
-    std::fprintf(out, "{\"copy_bytes_per_s\": %.6e}\n", 2.0 * (1 << 30) / (best * 1e-3));
-    CK(cudaFree(src));
-    CK(cudaFree(dst));
-  }
+  std::fprintf(out, "{\"copy_bytes_per_s\": %.6e}\n", copy_bytes_per_s(e0, e1));
   int fails = 0;
   std::mt19937 gen(2026);
-  for (int si = 0; si < int(sizeof(kShapes) / sizeof(kShapes[0])) && si < limit; ++si) {
-    const Shape& sh = kShapes[si];
-    const int64_t rows = int64_t(sh.batch) * L;
-    std::normal_distribution<float> nd(0.f, 3.f);
-    std::vector<uint16_t> host(size_t(rows) * V);
-    for (int64_t r = 0; r < rows; ++r)
-      for (int v = 0; v < V; ++v) host[size_t(r) * V + v] = to_bf16(sh.rising ? -8.f + 16.f * v / V + 0.01f * nd(gen) / 3.f : nd(gen));
-    std::vector<std::vector<int64_t>> ref(L);
-    for (int r = 0; r < L; ++r) ref[r] = host_topk(host.data() + size_t(r) * V, sh.k);
-    void* logits;
-    CK(cudaMalloc(&logits, host.size() * 2));
-    CK(cudaMemcpy(logits, host.data(), host.size() * 2, cudaMemcpyHostToDevice));
-    kdb::TopkArgs a{logits, kdb::LogitDtype::kBF16, rows, V, sh.k, nullptr, nullptr, nullptr};
-    CK(kdb::tree_build_topk_plan(a, 0, 0));
-    std::vector<Buffers> buf(kNV);
-    std::vector<kdb::TopkArgs> args(kNV, a);
-    for (int i = 0; i < kNV; ++i) {
-      CK(cudaMalloc(&buf[i].lp, rows * sh.k * 4));
-      CK(cudaMalloc(&buf[i].tok, rows * sh.k * 8));
-      CK(cudaMalloc(&buf[i].lse, rows * 4));
-      CK(cudaMalloc(&buf[i].part, rows * a.splits * sh.k * 8));
-      CK(cudaMalloc(&buf[i].ms, rows * a.splits * 8));
-      CK(cudaMemset(buf[i].tok, 0xff, rows * sh.k * 8));  // poison: an unwritten slot reads as token -1
-      CK(cudaMemset(buf[i].lp, 0xff, rows * sh.k * 4));
-      args[i].top_lp = buf[i].lp, args[i].top_tok = buf[i].tok, args[i].lse = buf[i].lse;
-      args[i].part_keys = buf[i].part, args[i].part_ms = buf[i].ms;
-      CK(kVariants[i].fn(args[i], 0));
-    }
-    CK(cudaDeviceSynchronize());
-    for (int i = 0; i < kNV; ++i) fails += check(a, buf, ref, i);
-    std::vector<std::vector<float>> t(kNV);
-    for (int round = 0; round < (once ? 0 : kRounds + 2); ++round) {  // 2 warm-up rounds, then ABBA: order reversed on odd rounds
-      for (int n = 0; n < kNV; ++n) {
-        const int i = round % 2 ? kNV - 1 - n : n;
-        CK(cudaMemsetAsync(flush, round & 0xff, 256 << 20));
-        CK(cudaEventRecord(e0));
-        CK(kVariants[i].fn(args[i], 0));
-        CK(cudaEventRecord(e1));
-        CK(cudaEventSynchronize(e1));
-        float ms;
-        CK(cudaEventElapsedTime(&ms, e0, e1));
-        if (round >= 2) t[i].push_back(ms * 1e3f);
-      }
-    }
-    for (int i = 0; i < kNV && !once; ++i) {
-      const int bad = check(a, buf, ref, i);  // the outputs of the last timed launch
-      fails += bad;
-      std::fprintf(out, "{\"batch\": %d, \"k\": %d, \"logits\": \"%s\", \"splits\": %d, \"variant\": \"%s\", "
-                   "\"median_us\": %.2f, \"p10_us\": %.2f, \"p90_us\": %.2f, \"bytes\": %lld, \"exact\": %s}\n",
-                   sh.batch, sh.k, sh.rising ? "rising" : "normal", a.splits, kVariants[i].name, median(t[i]),
-                   median(t[i], 0.1), median(t[i], 0.9), (long long)(rows * V * 2), bad ? "false" : "true");
-      std::printf("B%-3d K%-5d %-7s splits %-3d %-12s %8.2f us (p10 %.2f p90 %.2f)%s\n", sh.batch, sh.k,
-                  sh.rising ? "rising" : "normal", a.splits, kVariants[i].name, median(t[i]), median(t[i], 0.1),
-                  median(t[i], 0.9), bad ? "  MISMATCH" : "");
-    }
-    for (int i = 0; i < kNV; ++i) {  // after every check: each reads the shipped variant's buffers
-      CK(cudaFree(buf[i].lp));
-      CK(cudaFree(buf[i].tok));
-      CK(cudaFree(buf[i].lse));
-      CK(cudaFree(buf[i].part));
-      CK(cudaFree(buf[i].ms));
-    }
-    std::fflush(out);
-    CK(cudaFree(logits));
-  }
+  for (int si = 0; si < int(sizeof(kShapes) / sizeof(kShapes[0])) && si < limit; ++si)
+    fails += run_shape(kShapes[si], nshapes < 0, out, flush, e0, e1, gen);
   std::fclose(out);
   std::printf("tree_build_vocab_bench: %d mismatches\n", fails);
   return fails ? 1 : 0;
