@@ -1,4 +1,4 @@
-// PTX wrappers for the attention kernels (and cp.async for the tree_build vocabulary pass): cp.async, ldmatrix + mma.sync (sm_80+), and the sm_90a warpgroup
+// PTX wrappers for the attention kernels: cp.async, ldmatrix + mma.sync (sm_80+), and the sm_90a warpgroup
 // MMA (wgmma) with its shared-memory descriptors and fences. No torch; included by csrc/*.cu only.
 #pragma once
 #include <cuda_bf16.h>
@@ -23,9 +23,6 @@ __device__ __forceinline__ void cp_async_16(uint32_t dst, const void* src, bool 
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
-// This thread's cp.async groups but the newest n are complete (its own copies only; no other thread's).
-template <int n>
-__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(n) : "memory"); }
 __device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], uint32_t addr) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));

@@ -21,6 +21,9 @@ constexpr int kBins = 256;                  // 8-bit radix digits, one bin per t
 constexpr int kWarps = kThreads / 32;
 constexpr float kLog2e = 1.4426950408889634f;
 static_assert(kBins == kThreads, "find_digit gives every thread one bin");
+// Capacity: a loop prune keeps at most k + k/2 keys (the tie slack) and fires at <= kCompactAt held, a chunk adds
+// at most kChunk; the sampled estimate uses kChunk slots as scratch.
+static_assert(kCompactAt >= kTreeBuildMaxK + kTreeBuildMaxK / 2 && kCap >= kChunk, "key capacity");
 
 // Candidates are 64-bit keys: order key of the fp32 logit in the high word, ~token id in the low word.
 // Keys are distinct and "larger key" is exactly the reference order (logit desc, then smaller id). 0 is

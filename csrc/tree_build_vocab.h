@@ -126,8 +126,8 @@ __device__ __forceinline__ int admit(uint64_t* keys, TopkSmem& sm, const float (
 
 // All threads, k <= kThreads: a bound t with at least k of the chunk's logits >= t, so every top-k logit of the
 // block is >= t. Each warp takes the kw-th largest of its lanes' chunk maxima (kw lanes hold a logit >= it;
-// kWarps * kw >= k), t is the smallest of those. It replaces admitting the whole first chunk (4096 keys and
-// a prune of them) with ~k admissions.
+// kWarps * kw >= k), t is the smallest of those. It replaces admitting the whole first chunk (4096 keys and a
+// prune of them) with fewer: on N(0, 3) logits ~36 at k 16, ~112 at k 64, ~250 at k 128, ~1250 at k 256.
 __device__ float first_bound(float chunk_max, int k, TopkSmem& sm) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, kw = ceil_div(k, kWarps);
   const float v = isnan(chunk_max) ? -INFINITY : chunk_max;
@@ -211,8 +211,6 @@ __device__ float2 block_ms(LseState st, TopkSmem& sm) {
   return make_float2(m, s);
 }
 
-// Block (row r, split s) streams chunks [s * cps, (s + 1) * cps) of row r. Unsplit (splits == 1): writes the
-// row's outputs. Split: writes its top-min(k, held) keys, sorted and 0-padded to k, and its (m, s) partials.
 // Chunks [c0, c1) of the row through s: vector chunks [c0, cv) with one chunk in flight, then scalar ones.
 template <typename T, int VW, class S>
 __device__ __forceinline__ void stream_chunks(S& s, const T* row, int V, int c0, int cv, int c1) {
@@ -241,12 +239,14 @@ __device__ __forceinline__ void stream_chunks(S& s, const T* row, int V, int c0,
   }
 }
 
-// kSample, blocks of >= kSampleMinChunks vector chunks: an estimate of the block's k-th largest logit from
-// kThreads * kPer = 4096 logits in kSampleVecs vectors spread evenly over its vector chunks (sample vector v is
-// vector c0 * kChunk / VW + v * stride of the row, stride = the block's vectors / kSampleVecs; thread t loads
-// v = t + q * kThreads): the m-th largest sample, m = max(8, 4 k / chunks), so about 4k of the block's logits
-// are >= it. Not a bound: the kernel streams the block again from -inf when fewer than k logits were >= it.
-// Returns -inf when the sample gives none (or a NaN). All threads.
+// kSample, blocks of >= kSampleMinChunks vector chunks: an admission floor aimed at about the block's 4k-th
+// largest logit, from kThreads * kPer = 4096 logits in kSampleVecs vectors spread evenly over its vector chunks
+// (sample vector v is vector c0 * kChunk / VW + v * stride of the row, stride = the block's vectors /
+// kSampleVecs; thread t loads v = t + q * kThreads). m = max(8, 4 k / chunks); the radix select returns a value
+// word t with at least m samples >= t (the m-th largest sample's value, or, when its bin is taken whole, that
+// value with the undecided low bits zeroed: at most the m-th, at least the (m+1)-th). Not a bound: the kernel
+// streams the block again from -inf when fewer than k logits were >= it. Returns -inf when that value is -inf
+// (too few finite samples) or NaN. All threads.
 constexpr int kSampleMinChunks = 8;
 template <typename T, int VW>
 __device__ __forceinline__ float sample_estimate(const T* row, int c0, int cv, int k, uint64_t* keys, TopkSmem& sm) {
@@ -283,6 +283,8 @@ __device__ __noinline__ LseState stream_exact(uint64_t* keys, TopkSmem& sm, int 
   return s.st;
 }
 
+// Block (row r, split s) streams chunks [s * cps, (s + 1) * cps) of row r. Unsplit (splits == 1): writes the
+// row's outputs. Split: writes its top-min(k, held) keys, sorted and 0-padded to k, and its (m, s) partials.
 template <typename T, int VW, int kAdmit, int kMarkMin, bool kSample>
 __global__ void __launch_bounds__(kThreads, 4) topk_kernel(TopkArgs a) {
   extern __shared__ __align__(16) unsigned char topk_smem_raw[];
@@ -338,9 +340,10 @@ __device__ uint64_t merge_bound(const uint64_t* in, int splits, int k, TopkSmem&
   return b;
 }
 
-// One block per row: the splits' sorted key lists (splits * k keys, 0-padded) streamed through the same
-// admission and exact prunes (keys are distinct and carry global ids, so this is exact), then the row's
-// outputs; the lse merges the splits' (m, s) in split order.
+// One block per row: the splits' sorted key lists (splits * k keys, 0-padded) admitted from merge_bound (a warp
+// scan and one atomic per warp) with exact prunes past kCompactAt (keys are distinct and carry global ids, so
+// this is exact), then the row's outputs; the lse merges the splits' (m, s) in split order. sm.count = 0 is
+// published by the barrier inside merge_bound, before any append.
 __global__ void __launch_bounds__(kThreads) merge_kernel(TopkArgs a) {
   extern __shared__ __align__(16) unsigned char merge_smem_raw[];
   uint64_t* keys = reinterpret_cast<uint64_t*>(merge_smem_raw);  // [kCap]

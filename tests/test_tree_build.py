@@ -58,9 +58,9 @@ CASES = [
     Case(1, 15, 163840, 1024, "bfloat16", "ties", 24),
     Case(8, 15, 100003, 256, "float32", "peaked", 25),        # odd V: scalar loads, 25 chunks over the splits
     # adversarial for the admission bounds (first_bound, merge_bound): later chunks admit whole, or < k finite
-    Case(2, 3, 163840, 256, "bfloat16", "rising", 26),
-    Case(1, 15, 163840, 64, "bfloat16", "rising", 27),        # split: each split's bound, then the merge's
-    Case(2, 4, 163840, 256, "float32", "sparse", 28),         # ~164 finite logits per row < k
+    Case(2, 3, 163840, 256, "bfloat16", "rising", 26),        # 20 splits of 2 chunks: each split's bound, the merge's
+    Case(1, 15, 163840, 64, "bfloat16", "rising", 27),        # 20 splits too, at k 64
+    Case(2, 4, 163840, 256, "float32", "sparse", 28),         # ~164 finite logits per row, ~8 per split block < k
 ]
 IDS = [f"b{c.batch}-L{c.depth}-V{c.vocab}-B{c.budget}-{c.dtype}-{c.logits}" for c in CASES]
 
@@ -140,6 +140,12 @@ SPLIT_CASES = [
     (Case(1, 2, 163840, 1024, "bfloat16", "decoy", 47), (1,)),
     (Case(1, 2, 163840, 512, "float32", "ties", 48), (1, 5)),
     (Case(1, 2, 163840, 1024, "bfloat16", "rising", 49), (1, 2)),
+    # added after call E (not yet run on a GPU; the emulation runs them): an fp32 re-stream (half of the fp32
+    # sample vectors land on the bf16 decoy groups: the emulation re-streams both rows), a sampled block with a
+    # scalar tail chunk (V = 40 chunks + 8), and rising logits unsplit at k 256 (every chunk admits)
+    (Case(1, 2, 163840, 1024, "float32", "decoy", 50), (1,)),
+    (Case(1, 2, 163848, 512, "bfloat16", "normal", 51), (1,)),
+    (Case(1, 2, 163840, 256, "bfloat16", "rising", 52), (1,)),
 ]
 
 

@@ -42,12 +42,12 @@ def test_emulated_forced_splits_match_reference(case, splits):
 def test_emulated_decoy_restreams_and_stays_exact():
     """The decoy case puts the sampled logits above the rest: the estimate lands above the k-th, the block
     streams again from -inf (the branch this case exists for), and the top-k is still the reference's."""
-    case = next(c for c, _ in SPLIT_CASES if c.logits == "decoy")
-    x = logit_values(case, np.random.default_rng(case.seed))
-    k, stats = min(case.budget, case.vocab), {}
-    got = em.topk_tokens(x[0], k, 1, em.Device("random", seed=case.seed), ELEM_BYTES[case.dtype], stats)
-    np.testing.assert_array_equal(got, ref.topk_logprobs(x[0], k)[1])
-    assert stats.get("restreams", 0) == case.depth, stats
+    for case in (c for c, _ in SPLIT_CASES if c.logits == "decoy"):  # bf16 and fp32
+        x = logit_values(case, np.random.default_rng(case.seed))
+        k, stats = min(case.budget, case.vocab), {}
+        got = em.topk_tokens(x[0], k, 1, em.Device("random", seed=case.seed), ELEM_BYTES[case.dtype], stats)
+        np.testing.assert_array_equal(got, ref.topk_logprobs(x[0], k)[1])
+        assert stats.get("restreams", 0) == case.depth, (case.dtype, stats)
 
 
 # The tie cases the H200 failed (gpu_tests.log of 2026-12-01 session 2) with the forced split count of the failure.

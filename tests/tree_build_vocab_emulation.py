@@ -107,7 +107,8 @@ def _chunk(x: np.ndarray, c: int, vw: int) -> tuple[np.ndarray, np.ndarray, np.n
 
 def first_bound(x: np.ndarray, c: int, vw: int, k: int) -> np.float32:
     """first_bound(): the smallest over warps of the ceil(k / WARPS)-th largest lane max of chunk c (NaN maxima
-    count as -inf); -inf when k > THREADS (the first chunk is admitted whole)."""
+    count as -inf; unlike the kernel's fmaxf, one NaN makes a lane's max NaN here: NaN logits are outside the
+    contract); -inf when k > THREADS (the first chunk is admitted whole)."""
     if k > THREADS:
         return np.float32(-np.inf)
     mc = _chunk(x, c, vw)[2].max(axis=1)
@@ -136,15 +137,16 @@ def _finish_sorted(held: np.ndarray, k: int, rng: np.random.Generator, dev: Devi
     return out
 
 
-def sample_estimate(x: np.ndarray, c0: int, cv: int, k: int, vw: int) -> np.float32:
-    """sample_estimate(): the m-th largest of THREADS * PER logits in vectors spread over the vector chunks
-    [c0, cv) (vector v at c0 * CHUNK / vw + v * stride), m = max(8, 4k / chunks); NaN -> -inf."""
+def sample_estimate(x: np.ndarray, c0: int, cv: int, k: int, vw: int, dev: Device) -> np.float32:
+    """sample_estimate(): the value word of radix_select_ge (tie stop once the value word is decided) over the
+    THREADS * PER sample keys, vectors spread over the vector chunks [c0, cv) (vector v at c0 * CHUNK / vw +
+    v * stride), m = max(8, 4k / chunks); NaN -> -inf (value_of)."""
     nvecs = THREADS * (PER // vw)
     stride = (cv - c0) * (CHUNK // vw) // nvecs
     g = c0 * (CHUNK // vw) + np.arange(nvecs) * stride
     ids = (g[:, None] * vw + np.arange(vw)[None, :]).ravel()
-    keys = np.sort(make_keys(x[ids], ids))[::-1]
-    return value_of(int(keys[max(8, 4 * k // (cv - c0)) - 1]) >> 32)
+    t, _ = radix_select_ge(make_keys(x[ids], ids), max(8, 4 * k // (cv - c0)), ids.size, dev)
+    return value_of(t >> 32)
 
 
 def _stream(x: np.ndarray, c0: int, c1: int, k: int, vw: int, floor: np.float32, rng: np.random.Generator,
@@ -171,7 +173,7 @@ def stream_block(x: np.ndarray, c0: int, c1: int, k: int, vw: int, rng: np.rando
     cv = max(c0, min(c1, x.size // CHUNK if vw > 1 else 0))
     est = np.float32(-np.inf)
     if dev.bounds and k >= SAMPLE_MIN_K and cv - c0 >= SAMPLE_MIN_CHUNKS:
-        est = sample_estimate(x, c0, cv, k, vw)
+        est = sample_estimate(x, c0, cv, k, vw, dev)
     held = _stream(x, c0, c1, k, vw, est, rng, dev)
     if est > -np.inf and held.size < k:
         held = _stream(x, c0, c1, k, vw, np.float32(-np.inf), rng, dev)

@@ -20,11 +20,13 @@ for dtype in (torch.bfloat16, torch.float32):
             cuda_ext.tree_build(logits, budgets, roots, past, budget)
             cuda_ext.tree_build_topk(logits, min(budget, v), 3)
 # the sampled estimate (k >= 512 on >= 8 vector chunks per split) and its second stream, and k 64: 2 rows of V 163840,
-# unsplit and 3 splits; the decoy rows put the sampled logits (vector v * 40 of 8) above all others
+# unsplit and 3 splits; the decoy rows put the unsplit sample's logits (bf16: vector v * 40 of 8) above all others,
+# so the unsplit k 1024 rows stream a second time (the 3-split samples miss the decoys: no second stream there)
 for dtype in (torch.bfloat16, torch.float32):
     normal = torch.randn(1, 2, 163840, generator=g, device=dev).mul_(3)
     decoy = torch.randn(1, 2, 163840, generator=g, device=dev)
-    # vector v * 40 (bf16: 8 logits) of every 320-logit group, distinct per v: fewer than k logits >= the estimate
+    # vector v * 40 (bf16: 8 logits) of every 320-logit group, rising with v (113 distinct bf16 values): fewer than
+    # k logits are >= the estimate
     decoy.view(1, 2, 512, 320)[..., :8] = 10.0 + torch.arange(512, device=dev).view(512, 1) / 64
     for logits in (normal.to(dtype), decoy.to(dtype)):
         for splits in (1, 3):
