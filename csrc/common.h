@@ -83,6 +83,17 @@ __device__ __forceinline__ int warp_append_base(int n, int* counter) {
   return __shfl_sync(kFullMask, base, 31) + incl - n;
 }
 
+// Appends value(j) for every set bit j < N of this lane's mask to a shared list, in j order after the lane's
+// slot from warp_append_base (all lanes call it; N and the loop are unrolled, so value may read a register array).
+template <int N, typename T, typename F>
+__device__ __forceinline__ void append_masked(T* list, int* counter, unsigned bits, F value) {
+  int slot = warp_append_base(__popc(bits), counter);
+#pragma unroll
+  for (int j = 0; j < N; ++j) {
+    if ((bits >> j) & 1u) list[slot++] = value(j);
+  }
+}
+
 // Sum of n (a power of two) floats as a balanced tree: short dependency chains, small rounding error.
 template <int n>
 __device__ __forceinline__ float pairwise_sum(const float* e) {

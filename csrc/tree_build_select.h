@@ -138,11 +138,7 @@ __device__ Selection prune(uint64_t* keys, int k, int tie_slack, TopkSmem& sm) {
     unsigned keep = 0;
 #pragma unroll
     for (int q = 0; q < 4; ++q) keep |= (base + q * kThreads + int(threadIdx.x) < n && v[q] >= sel.t ? 1u : 0u) << q;
-    int slot = warp_append_base(__popc(keep), &sm.new_count);
-#pragma unroll
-    for (int q = 0; q < 4; ++q) {
-      if ((keep >> q) & 1u) keys[slot++] = v[q];
-    }
+    append_masked<4>(keys, &sm.new_count, keep, [&](int q) { return v[q]; });
   }
   __syncthreads();
   if (threadIdx.x == 0) {

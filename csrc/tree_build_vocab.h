@@ -106,11 +106,7 @@ __device__ __forceinline__ int admit(uint64_t* keys, TopkSmem& sm, const float (
 #pragma unroll
     for (int j = 0; j < kPer; ++j) pass |= (x[j] >= thr ? 1u : 0u) << j;
     pass &= valid;
-    int slot = warp_append_base(__popc(pass), &sm.count);
-#pragma unroll
-    for (int j = 0; j < kPer; ++j) {
-      if ((pass >> j) & 1u) keys[slot++] = make_key(x[j], uint32_t(chunk_index<VW>(c, j)));
-    }
+    append_masked<kPer>(keys, &sm.count, pass, [&](int j) { return make_key(x[j], uint32_t(chunk_index<VW>(c, j))); });
     n = __popc(pass);
   } else if (chunk_max >= thr) {  // kLane: only the lanes holding a candidate
 #pragma unroll
@@ -209,6 +205,13 @@ __device__ float2 block_ms(LseState st, TopkSmem& sm) {
   m = sm.red_m[0], s = sm.red_s[0];
   for (int w = 1; w < kWarps; ++w) lse_merge(m, s, sm.red_m[w], sm.red_s[w]);
   return make_float2(m, s);
+}
+
+// Row r's outputs from its sorted top-k keys and its (max, sum of exp): top_lp = x - lse, top_tok, lse.
+__device__ __forceinline__ void write_row(const uint64_t* keys, float m, float s, const TopkArgs& a, int64_t r) {
+  const float lse = m + logf(s);
+  write_top(keys, a.k, lse, a.top_lp + r * a.k, a.top_tok + r * a.k);
+  if (a.lse != nullptr && threadIdx.x == 0) a.lse[r] = lse;
 }
 
 // Chunks [c0, c1) of the row through s: vector chunks [c0, cv) with one chunk in flight, then scalar ones.
@@ -315,12 +318,7 @@ __global__ void __launch_bounds__(kThreads, 4) topk_kernel(TopkArgs a) {
   }
   finish_sorted(keys, k, sm);
   const float2 ms = block_ms(st, sm);
-  if (a.splits == 1) {
-    const float lse = ms.x + logf(ms.y);
-    write_top(keys, k, lse, a.top_lp + r * k, a.top_tok + r * k);
-    if (a.lse != nullptr && threadIdx.x == 0) a.lse[r] = lse;
-    return;
-  }
+  if (a.splits == 1) return write_row(keys, ms.x, ms.y, a, r);
   uint64_t* out = a.part_keys + int64_t(blockIdx.x) * k;
   for (int j = threadIdx.x; j < k; j += kThreads) out[j] = keys[j];
   if (threadIdx.x == 0) reinterpret_cast<float2*>(a.part_ms)[blockIdx.x] = ms;
@@ -362,11 +360,7 @@ __global__ void __launch_bounds__(kThreads) merge_kernel(TopkArgs a) {
       v[j] = i < n ? in[i] : 0;
       pass |= (v[j] >= thr ? 1u : 0u) << j;
     }
-    int slot = warp_append_base(__popc(pass), &sm.count);
-#pragma unroll
-    for (int j = 0; j < kPer; ++j) {
-      if ((pass >> j) & 1u) keys[slot++] = v[j];
-    }
+    append_masked<kPer>(keys, &sm.count, pass, [&](int j) { return v[j]; });
     if (!__syncthreads_or(pass)) continue;  // nothing appended anywhere: the count is unchanged
     const int held = sm.count;
     __syncthreads();
@@ -379,9 +373,7 @@ __global__ void __launch_bounds__(kThreads) merge_kernel(TopkArgs a) {
   const float2* ms = reinterpret_cast<const float2*>(a.part_ms) + r * a.splits;
   float m = ms[0].x, s = ms[0].y;
   for (int i = 1; i < a.splits; ++i) lse_merge(m, s, ms[i].x, ms[i].y);
-  const float lse = m + logf(s);
-  write_top(keys, k, lse, a.top_lp + r * k, a.top_tok + r * k);
-  if (a.lse != nullptr && threadIdx.x == 0) a.lse[r] = lse;
+  write_row(keys, m, s, a, r);
 }
 
 }  // namespace vocab
