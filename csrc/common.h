@@ -4,6 +4,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <cstdlib>
 
 // Return a failing cudaError_t to the caller instead of aborting; the torch layer turns it into an error.
 #define KDB_CUDA_TRY(expr)                        \
@@ -29,6 +30,41 @@ template <typename Kernel>
 inline cudaError_t allow_dynamic_smem(Kernel kernel, size_t bytes) {
   if (bytes <= 48 * 1024) return cudaSuccess;
   return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes));
+}
+
+// Programmatic dependent launch (PDL, sm_90+): a kernel launched by launch_pdl may start while the previous
+// kernel of the stream is still running (that kernel lets it with pdl_launch_dependents, or by exiting), so its
+// launch and prologue overlap the other's tail. It must call pdl_wait() before it reads anything the previous
+// kernel wrote: griddepcontrol.wait returns once that grid has completed and its writes are visible (a no-op
+// when the kernel was launched without the attribute). Both are no-ops below sm_90.
+__device__ __forceinline__ void pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void pdl_launch_dependents() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+// Launches kernel<<<grid, block, smem, stream>>>(args...) as a programmatic dependent of the stream's previous
+// kernel on devices of compute capability >= 9.0 (plain stream order elsewhere, or when the environment has
+// KDB_PDL=0: the A/B switch the benches use, read at every launch). Stream capture records a programmatic edge.
+template <typename... Params, typename... Args>
+inline cudaError_t launch_pdl(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
+                              Args... args) {
+  int dev = 0, major = 0;
+  KDB_CUDA_TRY(cudaGetDevice(&dev));
+  KDB_CUDA_TRY(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+  cudaLaunchAttribute attr{};
+  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr.val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = grid, cfg.blockDim = block, cfg.dynamicSmemBytes = smem, cfg.stream = stream;
+  const char* knob = std::getenv("KDB_PDL");
+  cfg.attrs = &attr, cfg.numAttrs = major >= 9 && !(knob != nullptr && knob[0] == '0') ? 1 : 0;
+  return cudaLaunchKernelEx(&cfg, kernel, args...);
 }
 
 // Monotone map float -> uint32: a < b (as floats, -0 == +0 canonicalised by the caller) iff key(a) < key(b).

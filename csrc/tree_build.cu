@@ -191,8 +191,6 @@ __global__ void __launch_bounds__(kBuildThreads) build_kernel(TreeBuildArgs a) {
   extern __shared__ __align__(16) unsigned char build_smem_raw[];
   __shared__ int n_shared;
   const int b = blockIdx.x, N = a.nodes, L = a.depth, K = a.k, W = a.words;
-  const int budget = min(max(a.budgets[b], 0), N - 1);
-  const int kb = min(budget, K);  // ranks >= budget can never be popped (Lemma 1)
   const BuildLayout lay(L, K, N);
   double* hs = reinterpret_cast<double*>(build_smem_raw + lay.heap_s);
   double* score = reinterpret_cast<double*>(build_smem_raw + lay.score);
@@ -201,6 +199,9 @@ __global__ void __launch_bounds__(kBuildThreads) build_kernel(TreeBuildArgs a) {
   int* ints = reinterpret_cast<int*>(build_smem_raw + lay.ints);
   int *parent = ints, *rank = ints + N, *depth = ints + 2 * N, *fc = ints + 3 * N, *ns = ints + 4 * N;
   for (int i = threadIdx.x; i < N; i += kBuildThreads) fc[i] = -1, ns[i] = -1;
+  pdl_wait();  // launched as a programmatic dependent of the vocabulary pass: its outputs are read from here on
+  const int budget = min(max(a.budgets[b], 0), N - 1);
+  const int kb = min(budget, K);  // ranks >= budget can never be popped (Lemma 1)
   for (int i = threadIdx.x; i < L * kb; i += kBuildThreads)
     lp[i] = a.top_lp[(int64_t(b) * L + i / kb) * K + i % kb];
   __syncthreads();
@@ -243,9 +244,7 @@ cudaError_t tree_build_heap_launch(const TreeBuildArgs& a, cudaStream_t stream) 
     return cudaErrorInvalidValue;
   const size_t smem = tree_build_heap_smem_bytes(a.depth, a.k, a.nodes);
   KDB_CUDA_TRY(allow_dynamic_smem(build_kernel, smem));
-  build_kernel<<<a.batch, kBuildThreads, smem, stream>>>(a);
-  KDB_LAUNCH_CHECK();
-  return cudaSuccess;
+  return launch_pdl(build_kernel, dim3(unsigned(a.batch)), dim3(kBuildThreads), smem, stream, a);
 }
 
 cudaError_t tree_build_topk_plan(TopkArgs& a, int forced, int device) {
@@ -275,9 +274,7 @@ cudaError_t launch_topk(const TopkArgs& a, cudaStream_t stream) {
   KDB_LAUNCH_CHECK();
   if (a.splits == 1) return cudaSuccess;
   KDB_CUDA_TRY(cudaFuncSetAttribute(vocab::merge_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-  vocab::merge_kernel<<<unsigned(a.rows), vocab::kThreads, smem, stream>>>(a);
-  KDB_LAUNCH_CHECK();
-  return cudaSuccess;
+  return launch_pdl(vocab::merge_kernel, dim3(unsigned(a.rows)), dim3(vocab::kThreads), smem, stream, a);
 }
 
 template <typename T, int VW>

@@ -8,6 +8,7 @@
 
 #include "common.h"
 #include "tree_build.h"
+#include "tree_build_merge.h"
 #include "tree_build_select.h"
 
 namespace kdb {
@@ -297,6 +298,7 @@ __global__ void __launch_bounds__(kThreads, 4) topk_kernel(TopkArgs a) {
   const int split = int(blockIdx.x % a.splits);
   const int V = a.vocab, k = a.k;
   const T* row = static_cast<const T*>(a.logits) + r * V;
+  pdl_launch_dependents();  // the merge or the builder (programmatic dependents) may launch now and wait
   if (threadIdx.x == 0) sm.count = 0, sm.thr_val = -INFINITY, sm.strict = 0;
   __syncthreads();
 
@@ -324,52 +326,23 @@ __global__ void __launch_bounds__(kThreads, 4) topk_kernel(TopkArgs a) {
   if (threadIdx.x == 0) reinterpret_cast<float2*>(a.part_ms)[blockIdx.x] = ms;
 }
 
-// Split s holds k keys >= its k-th key (0 when it held fewer), so the row's k-th key is at least the largest of
-// those: admitting only keys >= it keeps the merge near k admissions instead of splits * k. All threads.
-__device__ uint64_t merge_bound(const uint64_t* in, int splits, int k, TopkSmem& sm) {
-  uint64_t b = 0;
-  for (int s = threadIdx.x; s < splits; s += kThreads) b = max(b, in[int64_t(s) * k + k - 1]);
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) b = max(b, __shfl_xor_sync(kFullMask, b, o));
-  if ((threadIdx.x & 31) == 0) sm.red_key[threadIdx.x >> 5] = b;
-  __syncthreads();
-#pragma unroll
-  for (int w = 0; w < kWarps; ++w) b = max(b, sm.red_key[w]);
-  return b;
-}
+// The merge's block policy for merge_sorted_lists (tree_build_merge.h).
+struct MergeBlk {
+  __device__ static int tid() { return int(threadIdx.x); }
+  __device__ static int size() { return kThreads; }
+  __device__ static void sync() { __syncthreads(); }
+};
 
-// One block per row: the splits' sorted key lists (splits * k keys, 0-padded) admitted from merge_bound (a warp
-// scan and one atomic per warp) with exact prunes past kCompactAt (keys are distinct and carry global ids, so
-// this is exact), then the row's outputs; the lse merges the splits' (m, s) in split order. sm.count = 0 is
-// published by the barrier inside merge_bound, before any append.
+// One block per row: the splits' sorted key lists (splits * k keys, 0-padded) merged by a tree of bitonic merges
+// (exact: keys are distinct and carry global ids), then the row's outputs; the lse merges the splits' (m, s) in
+// split order. Launched as a programmatic dependent of topk_kernel: everything it reads comes after pdl_wait.
 __global__ void __launch_bounds__(kThreads) merge_kernel(TopkArgs a) {
   extern __shared__ __align__(16) unsigned char merge_smem_raw[];
   uint64_t* keys = reinterpret_cast<uint64_t*>(merge_smem_raw);  // [kCap]
-  __shared__ TopkSmem sm;
+  pdl_launch_dependents();  // the builder may start its prologue
+  pdl_wait();
   const int64_t r = blockIdx.x;
-  const int k = a.k, n = a.splits * k;
-  const uint64_t* in = a.part_keys + r * n;
-  if (threadIdx.x == 0) sm.count = 0;
-  uint64_t thr = max(uint64_t(1), merge_bound(in, a.splits, k, sm));  // admit keys >= thr; 0 is padding
-  for (int base = 0; base < n; base += kChunk) {
-    uint64_t v[kPer];
-    unsigned pass = 0;
-#pragma unroll
-    for (int j = 0; j < kPer; ++j) {
-      const int i = base + j * kThreads + int(threadIdx.x);
-      v[j] = i < n ? in[i] : 0;
-      pass |= (v[j] >= thr ? 1u : 0u) << j;
-    }
-    append_masked<kPer>(keys, &sm.count, pass, [&](int j) { return v[j]; });
-    if (!__syncthreads_or(pass)) continue;  // nothing appended anywhere: the count is unchanged
-    const int held = sm.count;
-    __syncthreads();
-    if (held > kCompactAt) {
-      const uint64_t t = prune(keys, k, 0, sm).t;  // keys below t lose to the k kept
-      thr = t > thr ? t : thr;
-    }
-  }
-  finish_sorted(keys, k, sm);
+  merge_sorted_lists<MergeBlk>(keys, kCap, a.part_keys + r * a.splits * a.k, a.splits, a.k);
   const float2* ms = reinterpret_cast<const float2*>(a.part_ms) + r * a.splits;
   float m = ms[0].x, s = ms[0].y;
   for (int i = 1; i < a.splits; ++i) lse_merge(m, s, ms[i].x, ms[i].y);

@@ -183,10 +183,13 @@ def stream_block(x: np.ndarray, c0: int, c1: int, k: int, vw: int, rng: np.rando
 
 
 def merge(parts: np.ndarray, k: int, rng: np.random.Generator, dev: Device) -> np.ndarray:
-    """merge_kernel: the splits' sorted lists (splits * k keys) admitted in steps of CHUNK (element j of thread tid
-    is base + j * THREADS + tid) from thr = max(1, the largest k-th key of a split) (merge_bound), exact prunes,
-    thr = max(thr, t)."""
-    held, thr = np.zeros(0, U64), max(1, int(parts.reshape(-1, k)[:, k - 1].max()) if dev.bounds else 1)
+    """merge_kernel since round 4 (2026-12-01 s5): the top k of the splits' sorted, 0-padded lists, sorted
+    descending (merge_sorted_lists, a tree of bitonic merges; its own code runs on the host in
+    tests/test_tree_build_merge.py). dev.bounds=False: the round-2 merge (admission from key 1, exact prunes at
+    COMPACT_AT, finish_sorted), which the unguarded tie stop could break."""
+    if dev.bounds:
+        return np.sort(parts)[::-1][:k].copy()
+    held, thr = np.zeros(0, U64), 1
     for base in range(0, parts.size, CHUNK):
         step = np.zeros(CHUNK, U64)
         seg = parts[base:base + CHUNK]

@@ -1,6 +1,6 @@
 """One launch each of the kernels whose targets are missed (plans/0004, issues 15 and 16), for Nsight Compute:
 tree_verify_mla (ping-pong, the default) at B16 H64 T65 ctx8K (compute-bound) and the two T = 9 long-context
-shapes; the tree_build vocabulary pass and builder at B 32 / budget 256 and B 1 / budget 64 (V 163840);
+shapes; the tree_build vocabulary pass, merge and builder at B 32 / budget 256, B 1 / budget 64 and B 8 / budget 64 (V 163840);
 kv_compact at the bench shapes B 64 / 128 (61 layers); the Triton MoE experts of kimi-k2-slice-2's shape at 1, 8 and
 520 rows (128 experts, below). Every input is random (seeded); nothing is timed here: ncu replays each kernel for its counters.
 Usage: ncu --clock-control none --kernel-name regex:'...' ... python3 reports/h200/ncu_kernels.py [GROUP...]
@@ -17,7 +17,7 @@ from kdbench.families.tree_verify_mla import SCALE
 from kdbench.references.tree_verify_mla import pack_anc_bits
 
 VERIFY = ((16, 64, 65, 8192), (64, 8, 9, 32768), (32, 64, 9, 16384))   # (batch, heads, nodes, past)
-BUILD = ((32, 256), (1, 64))                                           # (batch, budget); depth 15 rows each
+BUILD = ((32, 256), (1, 64), (8, 64))                                 # (batch, budget); depth 15 rows each
 MOE_ROWS = (1, 8, 520)
 # The model's 384 experts are 33.8 GB of weights, which ncu's kernel replay would save and restore per pass;
 # 128 experts (11.3 GB) keep the touched counts at 1 / 8 rows (8, ~44) and each expert tile's work the same;

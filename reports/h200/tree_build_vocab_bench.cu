@@ -2,7 +2,8 @@
 // marks and the sampled estimate of csrc/tree_build_vocab.h on the issue-16 shapes (L 15, V 163840, bf16 logits N(0, 3) and "rising"),
 // every variant's top tokens checked exactly against a host sort (request 0) and against the shipped variant
 // (every row, tokens and log-probs bit for bit) before and after timing; timed with CUDA events after a 256 MB
-// L2-flush memset, variants alternating order between rounds (ABBA), next to the 1 GiB copy ceiling.
+// L2-flush memset, variants alternating order between rounds (ABBA), next to the 1 GiB copy ceiling. Round 4
+// (2026-12-01 s5): the merge tree and PDL against round 3's merge ("r3_merge") and PDL off ("no_pdl").
 // Build: nvcc -O3 -std=c++20 -gencode=arch=compute_90a,code=sm_90a -Icsrc reports/h200/tree_build_vocab_bench.cu -o tvb
 // Usage: tvb OUT.jsonl [SHAPES]: times the first SHAPES shapes (all by default); SHAPES < 0: the first -SHAPES
 // shapes, one checked launch per variant and no timing (for ncu).
@@ -22,6 +23,74 @@
 
 namespace {
 using Launch = cudaError_t (*)(const kdb::TopkArgs&, cudaStream_t);
+
+// ---- round 3's merge (commit e65db30), the baseline of round 4's merge tree: admission from the largest k-th
+// key of a split, exact prunes, finish_sorted; plain launches after the shipped split pass.
+namespace r3 {
+using namespace kdb::vocab;
+__device__ uint64_t merge_bound(const uint64_t* in, int splits, int k) {
+  __shared__ uint64_t red_key[kWarps];
+  uint64_t b = 0;
+  for (int s = threadIdx.x; s < splits; s += kThreads) b = max(b, in[int64_t(s) * k + k - 1]);
+  for (int o = 16; o > 0; o >>= 1) b = max(b, __shfl_xor_sync(kdb::kFullMask, b, o));
+  if ((threadIdx.x & 31) == 0) red_key[threadIdx.x >> 5] = b;
+  __syncthreads();
+  for (int w = 0; w < kWarps; ++w) b = max(b, red_key[w]);
+  return b;
+}
+__global__ void __launch_bounds__(kThreads) merge_kernel(kdb::TopkArgs a) {
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  uint64_t* keys = reinterpret_cast<uint64_t*>(smem_raw);
+  __shared__ TopkSmem sm;
+  const int64_t r = blockIdx.x;
+  const int k = a.k, n = a.splits * k;
+  const uint64_t* in = a.part_keys + r * n;
+  if (threadIdx.x == 0) sm.count = 0;
+  uint64_t thr = max(uint64_t(1), merge_bound(in, a.splits, k));
+  for (int base = 0; base < n; base += kChunk) {
+    uint64_t v[kPer];
+    unsigned pass = 0;
+    for (int j = 0; j < kPer; ++j) {
+      const int i = base + j * kThreads + int(threadIdx.x);
+      v[j] = i < n ? in[i] : 0;
+      pass |= (v[j] >= thr ? 1u : 0u) << j;
+    }
+    kdb::append_masked<kPer>(keys, &sm.count, pass, [&](int j) { return v[j]; });
+    if (!__syncthreads_or(pass)) continue;
+    const int held = sm.count;
+    __syncthreads();
+    if (held > kCompactAt) {
+      const uint64_t t = prune(keys, k, 0, sm).t;
+      thr = t > thr ? t : thr;
+    }
+  }
+  finish_sorted(keys, k, sm);
+  const float2* ms = reinterpret_cast<const float2*>(a.part_ms) + r * a.splits;
+  float m = ms[0].x, s = ms[0].y;
+  for (int i = 1; i < a.splits; ++i) lse_merge(m, s, ms[i].x, ms[i].y);
+  write_row(keys, m, s, a, r);
+}
+cudaError_t launch(const kdb::TopkArgs& a, cudaStream_t stream) {  // k < 512 shapes: the unsampled split pass
+  const size_t smem = kCap * sizeof(uint64_t);
+  auto* topk = topk_kernel<__nv_bfloat16, 8, kLane, 512, false>;
+  CK(cudaFuncSetAttribute(topk, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+  topk<<<unsigned(a.rows * a.splits), kThreads, smem, stream>>>(a);
+  if (a.splits == 1) return cudaGetLastError();
+  CK(cudaFuncSetAttribute(merge_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+  merge_kernel<<<unsigned(a.rows), kThreads, smem, stream>>>(a);
+  return cudaGetLastError();
+}
+}  // namespace r3
+
+cudaError_t shipped_no_pdl(const kdb::TopkArgs& a, cudaStream_t stream) {  // round 4 in plain stream order
+  setenv("KDB_PDL", "0", 1);
+  const cudaError_t e = kdb::launch_topk_shipped<__nv_bfloat16, 8>(a, stream);
+  setenv("KDB_PDL", "1", 1);
+  return e;
+}
+cudaError_t r3_or_shipped(const kdb::TopkArgs& a, cudaStream_t stream) {  // round 3's merge where it applies
+  return a.k < 512 ? r3::launch(a, stream) : kdb::launch_topk_shipped<__nv_bfloat16, 8>(a, stream);
+}
 struct Variant { const char* name; Launch fn; };
 const Variant kVariants[] = {  // [0] is the shipped one: every other variant is compared with it
     {"shipped", kdb::launch_topk_shipped<__nv_bfloat16, 8>},  // lane/512, sampled from k >= 512
@@ -29,6 +98,8 @@ const Variant kVariants[] = {  // [0] is the shipped one: every other variant is
     {"lane/512", kdb::launch_topk<__nv_bfloat16, 8, kdb::vocab::kLane, 512, false>},
     {"lane/512/sample", kdb::launch_topk<__nv_bfloat16, 8, kdb::vocab::kLane, 512, true>},
     {"probe", kdb::launch_topk<__nv_bfloat16, 8, kdb::vocab::kProbe, 0, false>},  // admits nothing: not checked
+    {"no_pdl", shipped_no_pdl},        // round 4 without programmatic dependent launch
+    {"r3_merge", r3_or_shipped},       // round 3's merge (plain launches); k >= 512: the shipped path
 };
 constexpr int kNV = sizeof(kVariants) / sizeof(kVariants[0]);
 constexpr int L = 15, V = 163840, kRounds = 15;
