@@ -25,6 +25,25 @@ __host__ __device__ constexpr T ceil_div(T a, T b) {
   return (a + b - 1) / b;
 }
 
+// store(i, load(i)) for i = tid, tid + stride, ... < n with U loads issued before their stores: one memory round
+// trip per U elements instead of one per element (a copy loop of dependent load-store pairs waits on each load).
+template <int U, typename T, class Load, class Store>
+__host__ __device__ __forceinline__ void copy_batched(int n, int tid, int stride, Load load, Store store) {
+  for (int i0 = 0; i0 < n; i0 += U * stride) {
+    T v[U];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int i = i0 + u * stride + tid;
+      v[u] = i < n ? load(i) : T{};
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int i = i0 + u * stride + tid;
+      if (i < n) store(i, v[u]);
+    }
+  }
+}
+
 // Raise a kernel's dynamic shared-memory limit when it needs more than the default 48 KB.
 template <typename Kernel>
 inline cudaError_t allow_dynamic_smem(Kernel kernel, size_t bytes) {

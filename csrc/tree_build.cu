@@ -202,6 +202,7 @@ __global__ void __launch_bounds__(kBuildThreads) build_kernel(TreeBuildArgs a) {
   pdl_wait();  // launched as a programmatic dependent of the vocabulary pass: its outputs are read from here on
   const int budget = min(max(a.budgets[b], 0), N - 1);
   const int kb = min(budget, K);  // ranks >= budget can never be popped (Lemma 1)
+  // (one load per iteration: batching them as the merge does made ptxas spill 28 B here, s5)
   for (int i = threadIdx.x; i < L * kb; i += kBuildThreads)
     lp[i] = a.top_lp[(int64_t(b) * L + i / kb) * K + i % kb];
   __syncthreads();

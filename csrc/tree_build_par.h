@@ -250,6 +250,7 @@ struct HostBlk {
   __host__ __device__ static int tid() { return 0; }
   __host__ __device__ static int size() { return 1; }
   __host__ __device__ static void sync() {}
+  __host__ __device__ static void sync_warp() {}
   __host__ __device__ static void atomic_add(int* p, int v) { *p += v; }
   __host__ __device__ static int exclusive_scan(int* x, int n, int*) {
     int s = 0;

@@ -148,15 +148,31 @@ __device__ Selection prune(uint64_t* keys, int k, int tie_slack, TopkSmem& sm) {
   return sel;
 }
 
+// Bitonic sort, descending, of keys[0, p), p a power of two. Warp w of the first sort_warps(p) owns the stage's
+// compare pairs [w pw, (w + 1) pw), pw = p / 2 / warps: for stride <= pw they lie in the warp's own 2 pw keys, so
+// such a stage is followed by __syncwarp, and only stages of a larger stride (and the last) by a block barrier
+// (p 1024: 6 of 55 stages; p <= 64: one warp, none but the last). bitonic_stage is one thread's share of a
+// stage (tests/test_tree_build_merge.py runs it for all threads on the host).
+__host__ __device__ inline int sort_warps(int p) { return p < 64 ? 1 : (p / 64 < kWarps ? p / 64 : kWarps); }
+
+__host__ __device__ inline void bitonic_stage(uint64_t* keys, int p, int size, int stride, int tid) {
+  const int warps = sort_warps(p), pw = p / 2 / warps > 0 ? p / 2 / warps : 1, w = tid >> 5;
+  if (w >= warps) return;
+  for (int t = w * pw + (tid & 31); t < (w + 1) * pw; t += 32) {
+    const int i = 2 * t - (t & (stride - 1)), j = i + stride;
+    const uint64_t a = keys[i], b = keys[j];
+    if ((a < b) == ((i & size) == 0)) keys[i] = b, keys[j] = a;
+  }
+}
+
 __device__ void bitonic_sort_desc(uint64_t* keys, int p) {
+  const int pw = max(1, p / 2 / sort_warps(p));
   for (int size = 2; size <= p; size <<= 1) {
     for (int stride = size >> 1; stride > 0; stride >>= 1) {
-      for (int t = threadIdx.x; t < p / 2; t += kThreads) {
-        const int i = 2 * t - (t & (stride - 1)), j = i + stride;
-        const uint64_t a = keys[i], b = keys[j];
-        if ((a < b) == ((i & size) == 0)) keys[i] = b, keys[j] = a;
-      }
-      __syncthreads();
+      bitonic_stage(keys, p, size, stride, int(threadIdx.x));
+      const int next = stride > 1 ? stride >> 1 : size;  // the next stage's stride (size 2 size starts at size)
+      if (stride > pw || next > pw || (size == p && stride == 1)) __syncthreads();
+      else __syncwarp();
     }
   }
 }

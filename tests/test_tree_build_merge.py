@@ -1,7 +1,8 @@
-"""The split-row merge of the tree_build vocabulary pass (csrc/tree_build_merge.h, merge_sorted_lists), compiled for
-the host with the one-thread block policy par::HostBlk: the top-k of n sorted, 0-padded key lists must equal a sort
-of their union, over list counts that need one or several capacity groups, k not a power of two, k = 1, and lists
-shorter than k (a split that held fewer keys). The GPU runs the same code through tests/test_tree_build.py."""
+"""The split-row merge of the tree_build vocabulary pass (csrc/tree_build_merge.h, merge_sorted_lists) and the
+bitonic sort's warp-owned stages (tree_build_select.h), compiled for the host (the merge with the one-thread block
+policy par::HostBlk): the top-k of n sorted, 0-padded key lists must equal a sort of their union, over list counts
+that need one or several capacity groups, k not a power of two, k = 1, and lists shorter than k (a split that held
+fewer keys). The GPU runs the same code through tests/test_tree_build.py."""
 from __future__ import annotations
 
 import shutil
@@ -12,7 +13,8 @@ import pytest
 
 from kdbench.backends import cuda_build
 
-# per case "n k" then n * k keys in hex; prints the k merged keys in hex.
+# per case "M n k" then n * k keys in hex (the merge), or "S p" then p keys (the bitonic sort, every stage run for
+# all kThreads threads in turn: the threads of a stage touch disjoint pairs); prints the resulting keys in hex.
 HARNESS = r"""
 #include "tree_build.cu"
 #include <cstdio>
@@ -21,12 +23,22 @@ int main() {
   int cases = 0;
   if (scanf("%d", &cases) != 1) return 1;
   for (int t = 0; t < cases; ++t) {
-    int n, k;
-    if (scanf("%d %d", &n, &k) != 2) return 1;
+    char mode;
+    int n, k = 1;
+    if (scanf(" %c %d", &mode, &n) != 2 || (mode == 'M' && scanf("%d", &k) != 1)) return 1;
     std::vector<uint64_t> in(size_t(n) * k), keys(kdb::vocab::kCap, 0xdeadbeefull);  // poisoned
     for (uint64_t& x : in) { unsigned long long u; if (scanf("%llx", &u) != 1) return 1; x = u; }
-    kdb::vocab::merge_sorted_lists<kdb::par::HostBlk>(keys.data(), kdb::vocab::kCap, in.data(), n, k);
-    for (int j = 0; j < k; ++j) printf("%llx%c", (unsigned long long)keys[j], j + 1 < k ? ' ' : '\n');
+    int out = k;
+    if (mode == 'M') {
+      kdb::vocab::merge_sorted_lists<kdb::par::HostBlk>(keys.data(), kdb::vocab::kCap, in.data(), n, k);
+    } else {
+      for (int i = 0; i < n; ++i) keys[i] = in[i];
+      for (int size = 2; size <= n; size <<= 1)
+        for (int stride = size >> 1; stride > 0; stride >>= 1)
+          for (int tid = 0; tid < kdb::vocab::kThreads; ++tid) kdb::vocab::bitonic_stage(keys.data(), n, size, stride, tid);
+      out = n;
+    }
+    for (int j = 0; j < out; ++j) printf("%llx%c", (unsigned long long)keys[j], j + 1 < out ? ' ' : '\n');
   }
   return 0;
 }
@@ -52,23 +64,49 @@ def _lists(rng: np.random.Generator, n: int, k: int) -> np.ndarray:
     return out
 
 
-@pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc (compiles the merge for the host)")
-def test_merge_sorted_lists_on_host_is_the_top_k_of_the_union(tmp_path):
-    src, exe = tmp_path / "merge_host.cu", tmp_path / "merge_host"
+needs_nvcc = pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc (compiles the merge for the host)")
+
+
+@pytest.fixture(scope="module")
+def harness(tmp_path_factory):
+    d = tmp_path_factory.mktemp("merge_host")
+    src, exe = d / "merge_host.cu", d / "merge_host"
     src.write_text(HARNESS)
     cmd = [cuda_build.nvcc_path() or "nvcc", *cuda_build.CUDA_FLAGS, *cuda_build.arch_flags((9, 0)),
            f"-I{cuda_build.CSRC}", str(src), "-o", str(exe)]
     build = subprocess.run(cmd, capture_output=True, text=True, check=False)
     assert build.returncode == 0, build.stderr
-    rng = np.random.default_rng(2026)
-    cases = [(n, k, _lists(rng, n, k)) for n, k in SHAPES for _ in range(3)]
+    return exe
+
+
+def _run(exe, cases: list[tuple[str, list[int], np.ndarray]]) -> list[np.ndarray]:
     lines = [str(len(cases))]
-    for n, k, lists in cases:
-        lines += [f"{n} {k}", " ".join(f"{int(v):x}" for v in lists.ravel())]
+    for mode, dims, keys in cases:
+        lines += [" ".join([mode, *map(str, dims)]), " ".join(f"{int(v):x}" for v in keys.ravel())]
     out = subprocess.run([str(exe)], input="\n".join(lines), capture_output=True, text=True, check=True).stdout
     rows = out.splitlines()
     assert len(rows) == len(cases)
-    for (n, k, lists), row in zip(cases, rows):
-        got = np.array([int(v, 16) for v in row.split()], np.uint64)
-        want = np.sort(lists.ravel())[::-1][:k]
-        np.testing.assert_array_equal(got, want, err_msg=f"{n} lists, k {k}")
+    return [np.array([int(v, 16) for v in row.split()], np.uint64) for row in rows]
+
+
+@needs_nvcc
+def test_merge_sorted_lists_on_host_is_the_top_k_of_the_union(harness):
+    rng = np.random.default_rng(2026)
+    cases = [("M", [n, k], _lists(rng, n, k)) for n, k in SHAPES for _ in range(3)]
+    for (_, (n, k), lists), got in zip(cases, _run(harness, cases)):
+        np.testing.assert_array_equal(got, np.sort(lists.ravel())[::-1][:k], err_msg=f"{n} lists, k {k}")
+
+
+@needs_nvcc
+def test_bitonic_stages_sort_descending(harness):
+    """bitonic_sort_desc's warp-owned stage mapping (sort_warps, bitonic_stage) at every power of two it sorts
+    (vocabulary pass up to 1024 keys, builder up to 2048), with duplicates and zeros (padding)."""
+    rng = np.random.default_rng(7)
+    cases = []
+    for lg in range(0, 12):
+        p = 1 << lg
+        for dup in (False, True):
+            keys = rng.integers(0, 6 if dup else 1 << 63, p, dtype=np.uint64)
+            cases.append(("S", [p], keys))
+    for (_, (p,), keys), got in zip(cases, _run(harness, cases)):
+        np.testing.assert_array_equal(got, np.sort(keys)[::-1], err_msg=f"p {p}")

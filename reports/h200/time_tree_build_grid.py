@@ -3,7 +3,8 @@
 memory floor beside each, torch topk + logsumexp as the vocabulary baseline, tokens of request 0 checked against
 the reference, and the whole build's outputs of the last timed call equal to an untimed one. Since round 4 the
 merge and the builder launch as programmatic dependents (PDL); each shape also times them with KDB_PDL=0 (plain
-stream order), alternating with the default in ABBA rounds in this process. Writes OUT/tree_build_grid.json
+stream order), alternating with the default in ABBA rounds in this process; batch 1 and 8 also per build inside a CUDA
+graph of 8 builds on 8 logits copies (graph_build). Writes OUT/tree_build_grid.json
 after every shape. Usage: python3 THIS OUT_DIR"""
 import json
 import os
@@ -47,6 +48,27 @@ def pdl_contenders(logits, k, budgets, roots, past, budget):
         ("whole_build", True, build), ("whole_build_no_pdl", False, build))}
 
 
+GRAPH_REPLICAS = 8
+
+
+def graph_build(logits, budgets, roots, past, budget):
+    """Per build inside one CUDA graph of GRAPH_REPLICAS whole builds, each on its own copy of the logits (cold
+    after the flush), as the engine replays its step: the host launch cost is not paid per build there."""
+    os.environ["KDB_PDL"] = "1"   # the default (the ABBA rounds before may have left it off)
+    copies = [logits.clone() for _ in range(GRAPH_REPLICAS)]
+    cuda_ext.tree_build(copies[0], budgets, roots, past, budget)   # warm-up outside the capture
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        outs = [cuda_ext.tree_build(c, budgets, roots, past, budget) for c in copies]
+    t = timing.measure(g.replay, warmup=2, repeat=11, device="cuda")
+    direct = cuda_ext.tree_build(logits, budgets, roots, past, budget)
+    same = all(torch.equal(x, y) for o in outs for x, y in zip(o, direct))
+    return {"replicas": GRAPH_REPLICAS, "per_build_median_s": t.median_s / GRAPH_REPLICAS,
+            "per_build_p20_s": t.p20_s / GRAPH_REPLICAS, "per_build_p80_s": t.p80_s / GRAPH_REPLICAS,
+            "outputs_equal": same}
+
+
 for v in (163840, 32000):        # the issue's headline shapes first: a call cut short still has them
     for b in (1, 32, 8, 64):
         logits = torch.randn(b, L, v, device="cuda").mul_(3).bfloat16()
@@ -71,6 +93,10 @@ for v in (163840, 32000):        # the issue's headline shapes first: a call cut
                        vocab_x_floor=vp.median_s / floor, build_target_s=3 * floor + 10e-6,
                        tokens_exact=bool(np.array_equal(top_tok[0].cpu().numpy(), ref_tok)),
                        max_abs_lp_err=float(np.abs(top_lp[0].cpu().numpy() - ref_lp).max()))
+            if b in (1, 8) and v == 163840:
+                row["whole_build_graph"] = graph_build(logits, budgets, roots, past, budget)
+                print(f"  graph of {GRAPH_REPLICAS}: {row['whole_build_graph']['per_build_median_s']*1e6:7.1f} us per "
+                      f"build, outputs equal {row['whole_build_graph']['outputs_equal']}", flush=True)
             rows.append(row)
             print(f"B{b:>2} budget {budget:>4} V{v}: floor {floor*1e6:6.1f} us | vocab {vp.median_s*1e6:7.1f} us "
                   f"({vp.median_s/floor:5.1f}x) | build {wb.median_s*1e6:7.1f} us (target {row['build_target_s']*1e6:.1f}) "
