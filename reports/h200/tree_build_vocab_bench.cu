@@ -8,6 +8,7 @@
 // Usage: tvb OUT.jsonl [SHAPES]: times the first SHAPES shapes (all by default); SHAPES < 0: the first -SHAPES
 // shapes, one checked launch per variant and no timing (for ncu).
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -157,7 +158,13 @@ int check(const kdb::TopkArgs& a, const std::vector<Buffers>& buf, const std::ve
     for (int j = 0; j < a.k; ++j)
       if (ti[size_t(r) * a.k + j] != ref[r][j]) return std::printf("  %s: row %d slot %d token %lld, host %lld\n",
           kVariants[i].name, r, j, (long long)ti[size_t(r) * a.k + j], (long long)ref[r][j]), 1;
-  if (t0 != ti || std::memcmp(l0.data(), li.data(), n * 4) != 0) return std::printf("  %s: differs from shipped\n", kVariants[i].name), 1;
+  if (t0 != ti) return std::printf("  %s: tokens differ from shipped\n", kVariants[i].name), 1;
+  // r3_merge folds the split rows' lse partials serially, round 4 by block_ms: their log-probs differ in the last
+  // bits (measured in s5 call B); every other variant computes the same sums in the same order: bit for bit.
+  const float tol = std::strcmp(kVariants[i].name, "r3_merge") == 0 ? 4e-6f : 0.f;
+  for (size_t j = 0; j < n; ++j)
+    if (!(std::fabs(l0[j] - li[j]) <= tol)) return std::printf("  %s: log-prob %zu differs from shipped by %g\n",
+                                                              kVariants[i].name, j, double(l0[j] - li[j])), 1;
   return 0;
 }
 
