@@ -24,8 +24,8 @@ struct ParTables {
   double* S;       // [cap] score (exact sum of log-probs)
   int* par;        // [cap] parent entry, -1 at depth 1
   int* rnk;        // [cap] rank at its depth
-  int* coff;       // [cap] first child entry (absolute) once its level is expanded; count before
-  int* sz;         // [cap] subtree size, then scratch
+  int* coff;       // [cap] first child entry (absolute) once its level is expanded
+  int* sz;         // [cap] subtree size, then (preorder) the sizes of the level's entries before it
   int* pre;        // [cap] preorder (= lexicographic) index in E
   int* bypre;      // [cap] entry of a preorder index
   int* nodeof;     // [cap] node index in the tree (1-based), 0 if not in it
@@ -88,7 +88,7 @@ __host__ __device__ inline int count_ge(const float* row, int f, double s, doubl
   return lo;
 }
 
-// Last index i in [a, b) with off[i] <= j (off ascending from off[a] = 0).
+// Last index i in [a, b) with off[i] <= j (off ascending, off[a] <= j).
 __host__ __device__ inline int owner(const int* off, int a, int b, int j) {
   int lo = a, hi = b - 1;
   while (lo < hi) {
@@ -112,16 +112,14 @@ __host__ __device__ int enumerate(const ParTables& t, const float* lp, const int
   for (int d = 1; d < L; ++d) {
     const int a = t.lvl[d - 1], b = n;
     const float* row = lp + d * kb;
-    for (int i = a + Blk::tid(); i < b; i += Blk::size()) t.coff[i] = count_ge(row, f[d], t.S[i], tau);
-    Blk::sync();
-    const int total = Blk::exclusive_scan(t.coff + a, b - a, t.scratch);
+    // coff[i] = n + children before i: the scan counts each entry's children itself (no barrier before it)
+    const int total = Blk::exclusive_scan(t.coff + a, b - a, t.scratch, n,
+                                          [&](int i) { return count_ge(row, f[d], t.S[a + i], tau); });
     if (n + total > cap) return -1;
     for (int j = Blk::tid(); j < total; j += Blk::size()) {
-      const int i = owner(t.coff, a, b, j), e = n + j, r = j - t.coff[i];
+      const int i = owner(t.coff, a, b, n + j), e = n + j, r = e - t.coff[i];
       t.S[e] = t.S[i] + double(row[r]), t.par[e] = i, t.rnk[e] = r;
     }
-    Blk::sync();
-    for (int i = a + Blk::tid(); i < b; i += Blk::size()) t.coff[i] += n;
     n += total;
     if (Blk::tid() == 0) t.lvl[d + 1] = n;
     Blk::sync();
@@ -148,18 +146,12 @@ __host__ __device__ void preorder(const ParTables& t, int n) {
   }
   for (int lv = 0; lv < levels; ++lv) {
     const int a = t.lvl[lv], b = t.lvl[lv + 1];
-    for (int i = a + Blk::tid(); i < b; i += Blk::size()) t.pre[i] = t.sz[i];
-    Blk::sync();
-    Blk::exclusive_scan(t.pre + a, b - a, t.scratch);  // pre[i] = sizes of the level's entries before i
+    int* before = t.sz + a;  // in place: sz[i] becomes the subtree sizes of the level's entries before i
+    Blk::exclusive_scan(before, b - a, t.scratch, 0, [&](int i) { return before[i]; });
     for (int i = a + Blk::tid(); i < b; i += Blk::size()) {
       const int p = t.par[i];
-      // entries of the level before i under the same parent: pre[i] - pre[first sibling]
-      t.sz[i] = p < 0 ? t.pre[i] : t.pre[i] - t.pre[t.coff[p]];
-    }
-    Blk::sync();
-    for (int i = a + Blk::tid(); i < b; i += Blk::size()) {
-      const int p = t.par[i];
-      t.pre[i] = p < 0 ? t.sz[i] : t.pre[p] + 1 + t.sz[i];
+      // under a parent: its own index + 1 + the sizes of i's earlier siblings (sz[i] - sz[first sibling])
+      t.pre[i] = p < 0 ? t.sz[i] : t.pre[p] + 1 + t.sz[i] - t.sz[t.coff[p]];
     }
     Blk::sync();
   }
@@ -252,11 +244,12 @@ struct HostBlk {
   __host__ __device__ static void sync() {}
   __host__ __device__ static void sync_warp() {}
   __host__ __device__ static void atomic_add(int* p, int v) { *p += v; }
-  __host__ __device__ static int exclusive_scan(int* x, int n, int*) {
+  template <class Gen>
+  __host__ __device__ static int exclusive_scan(int* x, int n, int*, int base, Gen gen) {
     int s = 0;
     for (int i = 0; i < n; ++i) {
-      const int v = x[i];
-      x[i] = s, s += v;
+      const int v = gen(i);
+      x[i] = base + s, s += v;
     }
     return s;
   }

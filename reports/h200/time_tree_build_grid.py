@@ -95,8 +95,6 @@ for v in (163840, 32000):        # the issue's headline shapes first: a call cut
                        max_abs_lp_err=float(np.abs(top_lp[0].cpu().numpy() - ref_lp).max()))
             if b in (1, 8) and v == 163840:
                 row["whole_build_graph"] = graph_build(logits, budgets, roots, past, budget)
-                print(f"  graph of {GRAPH_REPLICAS}: {row['whole_build_graph']['per_build_median_s']*1e6:7.1f} us per "
-                      f"build, outputs equal {row['whole_build_graph']['outputs_equal']}", flush=True)
             rows.append(row)
             print(f"B{b:>2} budget {budget:>4} V{v}: floor {floor*1e6:6.1f} us | vocab {vp.median_s*1e6:7.1f} us "
                   f"({vp.median_s/floor:5.1f}x) | build {wb.median_s*1e6:7.1f} us (target {row['build_target_s']*1e6:.1f}) "
@@ -104,5 +102,8 @@ for v in (163840, 32000):        # the issue's headline shapes first: a call cut
                   f"| torch vocab {tv.median_s*1e6:7.1f} us | exact {row['tokens_exact']} timed {same} "
                   f"err {row['max_abs_lp_err']:.1e}",
                   flush=True)
+            if "whole_build_graph" in row:   # (before s5 call C this line came before its row's line)
+                print(f"  graph of {GRAPH_REPLICAS}: {row['whole_build_graph']['per_build_median_s']*1e6:7.1f} us per "
+                      f"build, outputs equal {row['whole_build_graph']['outputs_equal']}", flush=True)
             with open(f"{out}/tree_build_grid.json", "w") as fh:
                 json.dump({"ceilings": ceil.__dict__, "rows": rows}, fh, indent=1)
