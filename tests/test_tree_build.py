@@ -331,12 +331,7 @@ def _heap_cases(rng: np.random.Generator) -> list[tuple[int, int, np.ndarray]]:
 def test_builder_heap_on_host_matches_reference(tmp_path):
     """The GPU builder's code (parallel path and heap), compiled for the host, against the reference heap:
     parents, ranks, depths, float64 scores and child links bit-exact, ties broken by rank tuple as in heapq."""
-    src, exe = tmp_path / "heap_host.cu", tmp_path / "heap_host"
-    src.write_text(HOST_HARNESS)
-    cmd = [cuda_build.nvcc_path() or "nvcc", *cuda_build.CUDA_FLAGS, *cuda_build.arch_flags((9, 0)),
-           f"-I{cuda_build.CSRC}", str(src), "-o", str(exe)]
-    build = subprocess.run(cmd, capture_output=True, text=True, check=False)
-    assert build.returncode == 0, build.stderr
+    exe = cuda_build.build_host_program(HOST_HARNESS, tmp_path, "heap_host")
     cases = _heap_cases(np.random.default_rng(2024))
     lines = [str(len(cases))]
     for budget, L, lp in cases:

@@ -69,14 +69,7 @@ needs_nvcc = pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc
 
 @pytest.fixture(scope="module")
 def harness(tmp_path_factory):
-    d = tmp_path_factory.mktemp("merge_host")
-    src, exe = d / "merge_host.cu", d / "merge_host"
-    src.write_text(HARNESS)
-    cmd = [cuda_build.nvcc_path() or "nvcc", *cuda_build.CUDA_FLAGS, *cuda_build.arch_flags((9, 0)),
-           f"-I{cuda_build.CSRC}", str(src), "-o", str(exe)]
-    build = subprocess.run(cmd, capture_output=True, text=True, check=False)
-    assert build.returncode == 0, build.stderr
-    return exe
+    return cuda_build.build_host_program(HARNESS, tmp_path_factory.mktemp("merge_host"), "merge_host")
 
 
 def _run(exe, cases: list[tuple[str, list[int], np.ndarray]]) -> list[np.ndarray]:

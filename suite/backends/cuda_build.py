@@ -123,6 +123,19 @@ def nvcc_compile_command(cu_file: Path, out: Path, capability: tuple[int, int] =
     return [nvcc, *CUDA_FLAGS, *arch_flags(capability), "-Xptxas", "-v", "-c", str(cu_file), "-o", str(out)]
 
 
+def build_host_program(source: str, out_dir: Path, name: str) -> Path:
+    """Compile `source` (a C++ main that #includes csrc/*.cu files, whose __host__ __device__ code then runs on the
+    host: the tests' harnesses) with nvcc into out_dir/name; returns the executable, or raises RuntimeError with
+    the compiler's output."""
+    src, exe = out_dir / f"{name}.cu", out_dir / name
+    src.write_text(source)
+    cmd = [nvcc_path() or "nvcc", *CUDA_FLAGS, *arch_flags((9, 0)), f"-I{CSRC}", str(src), "-o", str(exe)]
+    res = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    if res.returncode != 0:
+        raise RuntimeError(f"nvcc failed on {src}:\n{res.stdout}{res.stderr}")
+    return exe
+
+
 def compile_only(out_dir: Path, capability: tuple[int, int] = (9, 0)) -> int:
     """Compile every family .cu standalone (the kernels only: no torch glue, no bindings) for one capability;
     prints ptxas reports; returns the number of failures. CI runs the same nvcc pass from .ci/run."""
