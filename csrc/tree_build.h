@@ -30,9 +30,6 @@ struct TopkArgs {
   int chunks_per_split = 0;
   uint64_t* part_keys = nullptr;  // [rows, splits, k] work: each split's sorted top keys
   float* part_ms = nullptr;       // [rows, splits, 2] work: each split's (max, sum of exp(x - max))
-  // The block's final selection sorts every held key when they round up to at most this many (else a radix
-  // prune to k first); a tuning knob for the variant bench (0: always the prune), outputs identical either way.
-  int sort_all_max = 512;
 };
 // Splits per row for these sizes on `device` (forced > 0: that many, capped at the number of 4096-logit
 // chunks; used by tests); sets chunks_per_split. Call before launching; the caller allocates the work.

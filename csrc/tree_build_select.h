@@ -177,21 +177,17 @@ __device__ void bitonic_sort_desc(uint64_t* keys, int p) {
   }
 }
 
-// The held candidates sorted descending, the top min(k, held) first; keys[held, max(p, k)) are 0. More than k held:
-// a radix prune to exactly k, then a sort of k, or, when the held keys round up to at most sort_all_max, one sort
-// of them all (mostly warp-owned stages, where the prune costs ~20 block barriers; round 4).
-__device__ void finish_sorted(uint64_t* keys, int k, TopkSmem& sm, int sort_all_max) {
+// The held candidates cut to exactly min(k, held) and sorted descending; keys[kk, max(p, k)) are 0.
+__device__ int finish_sorted(uint64_t* keys, int k, TopkSmem& sm) {
   __syncthreads();
-  const int held = sm.count;
+  if (sm.count > k) prune(keys, k, 0, sm);
+  const int kk = sm.count;
   int p = 1;
-  while (p < held) p <<= 1;
-  const bool sort_all = held > k && p <= sort_all_max;
-  if (held > k && !sort_all) prune(keys, k, 0, sm);
-  const int kk = sort_all ? held : sm.count;
-  for (p = 1; p < kk; p <<= 1) {}
+  while (p < kk) p <<= 1;
   for (int i = kk + threadIdx.x; i < max(p, k); i += kThreads) keys[i] = 0;
   __syncthreads();
   bitonic_sort_desc(keys, p);
+  return kk;
 }
 
 __device__ void write_top(const uint64_t* keys, int k, float lse, float* top_lp, int64_t* top_tok) {

@@ -318,7 +318,7 @@ __global__ void __launch_bounds__(kThreads, 4) topk_kernel(TopkArgs a) {
     __syncthreads();
     if (redo) st = stream_exact<T, VW, kAdmit, kMarkMin>(keys, sm, k, row, V, c0, cv, c1);
   }
-  finish_sorted(keys, k, sm, a.sort_all_max);
+  finish_sorted(keys, k, sm);
   const float2 ms = block_ms(st, sm);
   if (a.splits == 1) return write_row(keys, ms.x, ms.y, a, r);
   uint64_t* out = a.part_keys + int64_t(blockIdx.x) * k;

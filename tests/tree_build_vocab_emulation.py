@@ -129,8 +129,7 @@ def _admit(x: np.ndarray, c: int, vw: int, thr: np.float32, rng: np.random.Gener
 
 
 def _finish_sorted(held: np.ndarray, k: int, rng: np.random.Generator, dev: Device) -> np.ndarray:
-    """finish_sorted(): an exact prune to k, sorted descending, 0-padded to k. (Since round 4 the kernel sorts all
-    held keys instead when they round up to at most TopkArgs::sort_all_max: the same first k, emulated as the prune.)"""
+    """finish_sorted(): an exact prune to k, sorted descending, 0-padded to k."""
     if held.size > k:
         held = prune(held, k, 0, rng, dev)[0]
     out = np.zeros(k, U64)

@@ -65,7 +65,7 @@ __global__ void __launch_bounds__(kThreads) merge_kernel(kdb::TopkArgs a) {
       thr = t > thr ? t : thr;
     }
   }
-  finish_sorted(keys, k, sm, 0);
+  finish_sorted(keys, k, sm);
   const float2* ms = reinterpret_cast<const float2*>(a.part_ms) + r * a.splits;
   float m = ms[0].x, s = ms[0].y;
   for (int i = 1; i < a.splits; ++i) lse_merge(m, s, ms[i].x, ms[i].y);
@@ -89,11 +89,6 @@ cudaError_t shipped_no_pdl(const kdb::TopkArgs& a, cudaStream_t stream) {  // ro
   setenv("KDB_PDL", "1", 1);
   return e;
 }
-cudaError_t shipped_prune_finish(const kdb::TopkArgs& a, cudaStream_t stream) {  // the final prune always (s5 D)
-  kdb::TopkArgs b = a;
-  b.sort_all_max = 0;
-  return kdb::launch_topk_shipped<__nv_bfloat16, 8>(b, stream);
-}
 cudaError_t r3_or_shipped(const kdb::TopkArgs& a, cudaStream_t stream) {  // round 3's merge where it applies
   return a.k < 512 ? r3::launch(a, stream) : kdb::launch_topk_shipped<__nv_bfloat16, 8>(a, stream);
 }
@@ -106,7 +101,6 @@ const Variant kVariants[] = {  // [0] is the shipped one: every other variant is
     {"probe", kdb::launch_topk<__nv_bfloat16, 8, kdb::vocab::kProbe, 0, false>},  // admits nothing: not checked
     {"no_pdl", shipped_no_pdl},        // round 4 without programmatic dependent launch
     {"r3_merge", r3_or_shipped},       // round 3's merge (plain launches); k >= 512: the shipped path
-    {"prune_finish", shipped_prune_finish},  // the final radix prune to k at every held count (call D's code)
 };
 constexpr int kNV = sizeof(kVariants) / sizeof(kVariants[0]);
 constexpr int L = 15, V = 163840, kRounds = 15;
