@@ -70,6 +70,8 @@ __device__ __forceinline__ void pdl_launch_dependents() {
 // Launches kernel<<<grid, block, smem, stream>>>(args...) as a programmatic dependent of the stream's previous
 // kernel on devices of compute capability >= 9.0 (plain stream order elsewhere, or when the environment has
 // KDB_PDL=0: the A/B switch the benches use, read at every launch). Stream capture records a programmatic edge.
+// Invariant: the kernel runs machine code built for that capability (cuda_build.arch_flags builds exact SASS per
+// device), so its pdl_wait is compiled in; PTX for an older target JIT-run on sm_90 would wait on nothing.
 template <typename... Params, typename... Args>
 inline cudaError_t launch_pdl(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
                               Args... args) {

@@ -1,7 +1,7 @@
 // The merge of split rows in the tree_build vocabulary pass (included by tree_build_vocab.h): every split block
 // leaves its top-k keys sorted descending and 0-padded, so the row's top-k is a tree of pairwise bitonic merges
 // of sorted lists, exact because keys are distinct. __host__ __device__ over a block policy (par::HostBlk runs
-// it on one host thread in tests/test_tree_build.py). plans/0004 "tree_build", round 4.
+// it on one host thread in tests/test_tree_build_merge.py). plans/0004 "tree_build", round 4.
 #pragma once
 #include <cstdint>
 

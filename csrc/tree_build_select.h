@@ -150,8 +150,8 @@ __device__ Selection prune(uint64_t* keys, int k, int tie_slack, TopkSmem& sm) {
 
 // Bitonic sort, descending, of keys[0, p), p a power of two. Warp w of the first sort_warps(p) owns the stage's
 // compare pairs [w pw, (w + 1) pw), pw = p / 2 / warps: for stride <= pw they lie in the warp's own 2 pw keys, so
-// such a stage is followed by __syncwarp, and only stages of a larger stride (and the last) by a block barrier
-// (p 1024: 6 of 55 stages; p <= 64: one warp, none but the last). bitonic_stage is one thread's share of a
+// such a stage is followed by __syncwarp, and a block barrier ends only the stages that cross warps, the stage
+// before each of them and the last (p 1024: 10 of 55 stages; p <= 64: one warp, only the last). bitonic_stage is one thread's share of a
 // stage (tests/test_tree_build_merge.py runs it for all threads on the host).
 __host__ __device__ inline int sort_warps(int p) { return p < 64 ? 1 : (p / 64 < kWarps ? p / 64 : kWarps); }
 

@@ -1,7 +1,7 @@
 """tree_build on the GPU: the vocabulary pass alone and the whole build on the grid batch 1/8/32/64 x budget
 16/64/256/1024 x V 32000/163840 (L 15, bf16 logits), CUDA events after warm-up (median, p20, p80), the read-once
 memory floor beside each, torch topk + logsumexp as the vocabulary baseline, tokens of request 0 checked against
-the reference, and the whole build's outputs of the last timed call equal to an untimed one. Since round 4 the
+the reference, and the whole build's outputs of the last timed call (PDL on and off) equal to an untimed one. Since round 4 the
 merge and the builder launch as programmatic dependents (PDL); each shape also times them with KDB_PDL=0 (plain
 stream order), alternating with the default in ABBA rounds in this process; batch 1 and 8 also per build inside a CUDA
 graph of 8 builds on 8 logits copies (graph_build). Writes OUT/tree_build_grid.json
@@ -80,8 +80,9 @@ for v in (163840, 32000):        # the issue's headline shapes first: a call cut
             res = timing.rounds(pdl_contenders(logits, k, budgets, roots, past, budget), warmup=2, repeat=12,
                                 keep_outputs=True)
             vp, wb = res["vocab_pass"], res["whole_build"]
-            same = all(torch.equal(x, y) for x, y in zip(wb.outputs[-1], cuda_ext.tree_build(logits, budgets, roots,
-                                                                                             past, budget)))
+            want = cuda_ext.tree_build(logits, budgets, roots, past, budget)
+            same = all(torch.equal(x, y) for name in ("whole_build", "whole_build_no_pdl")
+                       for x, y in zip(res[name].outputs[-1], want))
             tv = timing.measure(lambda: torch_vocab(logits, k), warmup=1, repeat=5, device="cuda")
             top_lp, top_tok, _ = cuda_ext.tree_build_topk(logits, k)
             ref_lp, ref_tok = topk_logprobs(logits[0].float().cpu().numpy(), k)

@@ -25,8 +25,9 @@
 namespace {
 using Launch = cudaError_t (*)(const kdb::TopkArgs&, cudaStream_t);
 
-// ---- round 3's merge (commit e65db30), the baseline of round 4's merge tree: admission from the largest k-th
-// key of a split, exact prunes, finish_sorted; plain launches after the shipped split pass.
+// ---- round 3's merge kernel (commit e65db30), the baseline of round 4's merge tree: admission from the largest
+// k-th key of a split, exact prunes, finish_sorted (with today's warp-owned sort), after today's split pass; both
+// launched plainly, so r3_merge against shipped includes PDL (no_pdl isolates that part).
 namespace r3 {
 using namespace kdb::vocab;
 __device__ uint64_t merge_bound(const uint64_t* in, int splits, int k) {
@@ -84,9 +85,12 @@ cudaError_t launch(const kdb::TopkArgs& a, cudaStream_t stream) {  // k < 512 sh
 }  // namespace r3
 
 cudaError_t shipped_no_pdl(const kdb::TopkArgs& a, cudaStream_t stream) {  // round 4 in plain stream order
+  const char* was = std::getenv("KDB_PDL");
+  const std::string before = was ? was : "";
   setenv("KDB_PDL", "0", 1);
   const cudaError_t e = kdb::launch_topk_shipped<__nv_bfloat16, 8>(a, stream);
-  setenv("KDB_PDL", "1", 1);
+  if (was) setenv("KDB_PDL", before.c_str(), 1);
+  else unsetenv("KDB_PDL");
   return e;
 }
 cudaError_t r3_or_shipped(const kdb::TopkArgs& a, cudaStream_t stream) {  // round 3's merge where it applies
