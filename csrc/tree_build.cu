@@ -142,40 +142,8 @@ struct BuildLayout {
   }
 };
 
-// The block policy of par:: on the device: 256 threads, shared-memory scans, the bitonic sort.
-struct DevBlk {
-  __device__ static int tid() { return int(threadIdx.x); }
-  __device__ static int size() { return kBuildThreads; }
-  __device__ static void sync() { __syncthreads(); }
-  __device__ static void atomic_add(int* p, int v) { atomicAdd(p, v); }
-  // x[i] = base + sum of gen(j < i) for i in [0, n), each gen(i) called by the thread that owns i (a contiguous
-  // chunk per thread), so gen may read what the block published before the call with no barrier in between;
-  // returns the total (without base) to all threads. Two barriers.
-  template <class Gen>
-  __device__ static int exclusive_scan(int* x, int n, int* scratch, int base, Gen gen) {
-    const int per = ceil_div(n, kBuildThreads), beg = min(n, tid() * per), end = min(n, beg + per);
-    int s = 0;
-    for (int i = beg; i < end; ++i) {
-      const int v = gen(i);
-      x[i] = v, s += v;
-    }
-    const int lane = tid() & 31, warp = tid() >> 5;
-    const int incl = warp_inclusive_scan(s, lane);
-    if (lane == 31) scratch[warp] = incl;
-    __syncthreads();
-    int before = 0, total = 0;
-    for (int w = 0; w < kBuildThreads / 32; ++w) before += w < warp ? scratch[w] : 0, total += scratch[w];
-    int run = base + before + incl - s;
-    for (int i = beg; i < end; ++i) {
-      const int v = x[i];
-      x[i] = run, run += v;
-    }
-    __syncthreads();
-    return total;
-  }
-  __device__ static void sort_desc(uint64_t* k, int p) { vocab::bitonic_sort_desc(k, p); }
-};
-static_assert(kBuildThreads == vocab::kThreads, "the builder sorts with the vocabulary pass's bitonic sort");
+using vocab::DevBlk;
+static_assert(kBuildThreads == vocab::kThreads, "the builder runs on the vocabulary pass's block policy");
 
 // Budgets below this take the heap: its ~0.5 us per pop beats the parallel path's fixed ~L rounds of syncs.
 constexpr int kParMinBudget = 32;

@@ -44,7 +44,7 @@ __host__ __device__ void merge_pair(uint64_t* __restrict__ A, const uint64_t* __
 constexpr int kWarpMergeMax = 256;
 template <class Blk>
 __host__ __device__ void merge_round(uint64_t* __restrict__ keys, int lg, int cnt, int step) {
-  const int pairs = (cnt - step + 2 * step - 1) / (2 * step);
+  const int pairs = ceil_div(cnt - step, 2 * step);
   const int64_t list = int64_t(1) << lg;
   if (list <= kWarpMergeMax) {
     const int warps = Blk::size() >= 32 ? Blk::size() / 32 : 1, lanes = Blk::size() >= 32 ? 32 : Blk::size();

@@ -177,6 +177,41 @@ __device__ void bitonic_sort_desc(uint64_t* keys, int p) {
   }
 }
 
+// The block policy on the device (kThreads threads) of par:: (the builder) and of merge_sorted_lists (the merge):
+// barriers, shared-memory scans, the bitonic sort; par::HostBlk is its one-thread host twin.
+struct DevBlk {
+  __device__ static int tid() { return int(threadIdx.x); }
+  __device__ static int size() { return kThreads; }
+  __device__ static void sync() { __syncthreads(); }
+  __device__ static void sync_warp() { __syncwarp(); }
+  __device__ static void atomic_add(int* p, int v) { atomicAdd(p, v); }
+  // x[i] = base + sum of gen(j < i) for i in [0, n), each gen(i) called by the thread that owns i (a contiguous
+  // chunk per thread), so gen may read what the block published before the call with no barrier in between;
+  // returns the total (without base) to all threads. Two barriers.
+  template <class Gen>
+  __device__ static int exclusive_scan(int* x, int n, int* scratch, int base, Gen gen) {
+    const int per = ceil_div(n, kThreads), beg = min(n, tid() * per), end = min(n, beg + per);
+    int s = 0;
+    for (int i = beg; i < end; ++i) {
+      const int v = gen(i);
+      x[i] = v, s += v;
+    }
+    const int lane = tid() & 31, warp = tid() >> 5;
+    const int incl = warp_inclusive_scan(s, lane);
+    if (lane == 31) scratch[warp] = incl;
+    __syncthreads();
+    int before = 0, total = 0;
+    for (int w = 0; w < kThreads / 32; ++w) before += w < warp ? scratch[w] : 0, total += scratch[w];
+    int run = base + before + incl - s;
+    for (int i = beg; i < end; ++i) {
+      const int v = x[i];
+      x[i] = run, run += v;
+    }
+    __syncthreads();
+    return total;
+  }
+  __device__ static void sort_desc(uint64_t* k, int p) { bitonic_sort_desc(k, p); }
+};
 // The held candidates cut to exactly min(k, held) and sorted descending; keys[kk, max(p, k)) are 0.
 __device__ int finish_sorted(uint64_t* keys, int k, TopkSmem& sm) {
   __syncthreads();

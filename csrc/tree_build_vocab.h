@@ -326,14 +326,6 @@ __global__ void __launch_bounds__(kThreads, 4) topk_kernel(TopkArgs a) {
   if (threadIdx.x == 0) reinterpret_cast<float2*>(a.part_ms)[blockIdx.x] = ms;
 }
 
-// The merge's block policy for merge_sorted_lists (tree_build_merge.h).
-struct MergeBlk {
-  __device__ static int tid() { return int(threadIdx.x); }
-  __device__ static int size() { return kThreads; }
-  __device__ static void sync() { __syncthreads(); }
-  __device__ static void sync_warp() { __syncwarp(); }
-};
-
 // One block per row: the splits' sorted key lists (splits * k keys, 0-padded) merged by a tree of bitonic merges
 // (exact: keys are distinct and carry global ids), then the row's outputs; the lse merges the splits' (m, s) in a
 // fixed order. Launched as a programmatic dependent of topk_kernel: everything it reads comes after pdl_wait.
@@ -349,7 +341,7 @@ __global__ void __launch_bounds__(kThreads) merge_kernel(TopkArgs a) {
   const float2* ms = reinterpret_cast<const float2*>(a.part_ms) + r * a.splits;
   LseState st;
   for (int i = threadIdx.x; i < a.splits; i += kThreads) lse_merge(st.m, st.s, ms[i].x, ms[i].y);
-  merge_sorted_lists<MergeBlk>(keys, kCap, a.part_keys + r * a.splits * a.k, a.splits, a.k);
+  merge_sorted_lists<DevBlk>(keys, kCap, a.part_keys + r * a.splits * a.k, a.splits, a.k);
   const float2 tot = block_ms(st, sm);
   write_row(keys, tot.x, tot.y, a, r);
 }
