@@ -15,6 +15,22 @@ constexpr int kBarReady = 5;   // + tile parity: P_i in smem and m_i in s_max, p
 constexpr int kBarFree = 7;    // + buffer: the non-owner finished its PV on the buffer's tile (buffer may refill)
 constexpr int kBarLoaded = 9;  // + warpgroup (128 threads): the warpgroup's own cp.async tile landed
 
+// Phase timestamps (SM clock) of one CTA in the middle of the grid, thread 0 of each warpgroup, per local tile:
+// compiled in only with -DKDB_PP_TRACE (reports/h200/racecheck_pingpong.cu `trace`, plans/0004), else a no-op.
+enum PpEvent { kEvStart, kEvFree, kEvRefill, kEvReady, kEvRemotePv, kEvLoaded, kEvQk, kEvFreeSignal, kEvQkDone,
+               kEvPublished, kEvOwnPv, kPpEvents };
+#ifdef KDB_PP_TRACE
+constexpr int kPpTraceTiles = 1024;
+__device__ long long g_pp_trace[2][kPpTraceTiles][kPpEvents];
+__device__ __forceinline__ void pp_mark(int i, PpEvent ev) {
+  if ((threadIdx.x & 127) == 0 && blockIdx.x == gridDim.x / 2 && blockIdx.y == 0 && blockIdx.z == gridDim.z / 2 &&
+      i < kPpTraceTiles)
+    g_pp_trace[threadIdx.x >> 7][i][ev] = clock64();
+}
+#else
+__device__ __forceinline__ void pp_mark(int, PpEvent) {}
+#endif
+
 // S[64 x 64] = Q[64 x 576] . K[64 tokens x 576]^T for one warpgroup; issued and committed, not waited for.
 __device__ __forceinline__ void pp_qk_issue(float (&s)[8][4], uint32_t q_tile, uint32_t k_tile) {
   const uint64_t da = wgmma_desc(q_tile, 16, 1024), db = wgmma_desc(k_tile, 16, 1024);
@@ -61,6 +77,7 @@ __device__ __forceinline__ void pp_fence_regs(float (&acc)[32][4], uint32_t (&pa
 __device__ __forceinline__ void pp_take_remote(float (&acc)[32][4], uint32_t (&pa)[4][4], RowState& st,
                                                const uint8_t* smem, uint32_t s_base, int j, int wg, const int (&row)[2]) {
   named_sync(kBarReady + (j & 1), 2 * 128);
+  pp_mark(j + 1, kEvReady);
   const float* s_max = reinterpret_cast<const float*>(smem + kOffMax);
   const float m_new[2] = {s_max[row[0]], s_max[row[1]]};
   wgmma_wait<0>();  // own PV of the previous tile: acc final before the rescale
@@ -147,26 +164,34 @@ __global__ void __launch_bounds__(kThreads, 1) tree_verify_mla_pingpong_kernel(c
   RowState st = {{-INFINITY, -INFINITY}, {0.f, 0.f}};
   for (int i = wg; i < n; i += 2) {
     const int t = t_begin + i;
+    pp_mark(i, kEvStart);
     if (i >= 2) {  // refill own buffer with tile i once both warpgroups are done with tile i - 2
       named_sync(kBarFree + wg, 2 * 128);
+      pp_mark(i, kEvFree);
       wgmma_wait<0>();
       pp_fence_regs(acc, pa);
       load_tile<128>(own_buf, kv, t * kBlockN, kv_end, threadIdx.x & 127);
       cp_async_commit();
+      pp_mark(i, kEvRefill);
     }
     if (i >= 1) pp_take_remote(acc, pa, st, smem, s_base, i - 1, wg, row);
+    pp_mark(i, kEvRemotePv);
     if (i >= 2) {
       cp_async_wait_all();
       fence_proxy_async_smem();  // cp.async wrote through the generic proxy
       named_sync(kBarLoaded + wg, 128);
+      pp_mark(i, kEvLoaded);
     }
     float s[8][4];
     pp_qk_issue(s, s_base, own_buf);
+    pp_mark(i, kEvQk);
     if (i >= 1) {
       wgmma_wait<1>();  // the remote PV (issued first) is done: its buffer may refill
       if (i + 1 < n) named_signal(kBarFree + (wg ^ 1), 2 * 128);
+      pp_mark(i, kEvFreeSignal);
     }
     wgmma_wait<0>();
+    pp_mark(i, kEvQkDone);
     pp_fence_regs(acc, pa);
 #pragma unroll
     for (int j = 0; j < 8; ++j) reg_fence(s[j][0]), reg_fence(s[j][1]), reg_fence(s[j][2]), reg_fence(s[j][3]);
@@ -177,7 +202,9 @@ __global__ void __launch_bounds__(kThreads, 1) tree_verify_mla_pingpong_kernel(c
       for (int h = 0; h < 2; ++h) vis[h] = tile_visibility(anc_row[h], p.words, p.nodes, t * kBlockN - past);
     }
     pp_softmax_publish(s, acc, pa, st, vis, masked, p.scale_log2, smem, i, w, row);
+    pp_mark(i, kEvPublished);
     pp_pv_issue_regs(acc, pa, own_buf, wg);
+    pp_mark(i, kEvOwnPv);
   }
   if (n >= 1 && ((n - 1) & 1) != wg) pp_take_remote(acc, pa, st, smem, s_base, n - 1, wg, row);
   wgmma_wait<0>();

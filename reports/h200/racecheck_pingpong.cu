@@ -5,6 +5,9 @@
 // bar.sync as an edge. Usage: racecheck_pingpong {mma|wgmma|pingpong} [time]
 // `time`: the three shapes whose 1.25x-over-the-cascade target is missed, CUDA events (3 warm-up, median of 15),
 // so the two builds' cost can be compared.
+// `trace` (build with -DKDB_PP_TRACE): per-phase timestamps of one CTA in the middle of the grid (thread 0 of each
+// warpgroup, SM clock) on those three shapes plus B 8 H 128 T 257: the median of each phase's end, in cycles after
+// the step's start, over the steady tiles, and the median step (two tiles) per warpgroup.
 #include "../../csrc/tree_verify_mla.cu"
 
 #include <algorithm>
@@ -17,7 +20,43 @@ static void check(cudaError_t e, const char* what) {
   if (e != cudaSuccess) { std::printf("%s: %s\n", what, cudaGetErrorString(e)); std::exit(1); }
 }
 
-static void run_shape(int b, int h, int t, int past, kdb::TvmPath path, std::mt19937& rng, bool timed = false) {
+#ifdef KDB_PP_TRACE
+static void print_trace(int n_tiles) {
+  static long long tr[2][kdb::tvm::kPpTraceTiles][kdb::tvm::kPpEvents];
+  check(cudaMemcpyFromSymbol(tr, kdb::tvm::g_pp_trace, sizeof(tr)), "trace copy");
+  const char* names[] = {"start", "free", "refill", "ready", "remote_pv", "loaded", "qk", "free_signal", "qk_done",
+                         "published", "own_pv"};
+  const int n = std::min(n_tiles, kdb::tvm::kPpTraceTiles);
+  for (int wg = 0; wg < 2; ++wg) {
+    std::printf("  wg %d (%d tiles):", wg, n);
+    for (int ev = 1; ev < kdb::tvm::kPpEvents; ++ev) {
+      std::vector<long long> d;
+      for (int i = 4 + wg; i + 4 < n; i += 2)
+        if (tr[wg][i][ev] && tr[wg][i][0]) d.push_back(tr[wg][i][ev] - tr[wg][i][0]);
+      if (d.empty()) continue;
+      std::sort(d.begin(), d.end());
+      std::printf(" %s %lld", names[ev], d[d.size() / 2]);
+    }
+    std::vector<long long> step;
+    for (int i = 4 + wg; i + 6 < n; i += 2) step.push_back(tr[wg][i + 2][0] - tr[wg][i][0]);
+    if (!step.empty()) {
+      std::sort(step.begin(), step.end());
+      std::printf(" | step %lld cycles (p10 %lld, p90 %lld)", step[step.size() / 2], step[step.size() / 10],
+                  step[step.size() * 9 / 10]);
+    }
+    std::printf("\n");
+  }
+  const int i0 = (n / 2) & ~1;  // one steady pair of steps, both warpgroups on one time axis
+  std::printf("  timeline from wg 0 step %d:", i0);
+  for (int i = i0; i < std::min(i0 + 3, n); ++i)
+    for (int ev = 0; ev < kdb::tvm::kPpEvents; ++ev)
+      if (tr[i & 1][i][ev]) std::printf(" [%d %s %lld]", i, names[ev], tr[i & 1][i][ev] - tr[0][i0][0]);
+  std::printf("\n");
+}
+#endif
+
+static void run_shape(int b, int h, int t, int past, kdb::TvmPath path, std::mt19937& rng, bool timed = false,
+                      bool traced = false) {
   const int s = past + t + 7, words = (t + 63) / 64;
   std::normal_distribution<float> nd;
   std::vector<__nv_bfloat16> q(size_t(b) * t * h * 576), kv(size_t(b) * s * 576);
@@ -62,6 +101,19 @@ static void run_shape(int b, int h, int t, int past, kdb::TvmPath path, std::mt1
     std::printf("time B %d H %d T %d past %d: median %.4f ms (min %.4f, max %.4f, 15 samples)\n", b, h, t, past,
                 ms[3 + 7], ms[3], ms.back());
   }
+#ifdef KDB_PP_TRACE
+  if (traced) {
+    static long long zero[2][kdb::tvm::kPpTraceTiles][kdb::tvm::kPpEvents];
+    check(cudaMemcpyToSymbol(kdb::tvm::g_pp_trace, zero, sizeof(zero)), "trace reset");
+    check(kdb::tree_verify_mla_launch(a, nullptr), "launch");
+    check(cudaDeviceSynchronize(), "sync");
+    const int tiles = (past + t + 63) / 64;
+    std::printf("trace B %d H %d T %d past %d splits %d:\n", b, h, t, past, splits);
+    print_trace((tiles + splits - 1) / splits);
+  }
+#else
+  (void)traced;
+#endif
   std::vector<float> lse(size_t(b) * t * h);
   cudaMemcpy(lse.data(), dlse, lse.size() * 4, cudaMemcpyDeviceToHost);
   double sum = 0;
@@ -75,6 +127,13 @@ int main(int argc, char** argv) {
   const kdb::TvmPath path = !std::strcmp(name, "mma") ? kdb::TvmPath::kMma
                           : !std::strcmp(name, "wgmma") ? kdb::TvmPath::kWgmma : kdb::TvmPath::kPingPong;
   std::mt19937 rng(0);
+  if (argc > 2 && !std::strcmp(argv[2], "trace")) {
+    run_shape(16, 64, 65, 8192, path, rng, false, true);
+    run_shape(64, 8, 9, 32768, path, rng, false, true);
+    run_shape(32, 64, 9, 16384, path, rng, false, true);
+    run_shape(8, 128, 257, 8192, path, rng, false, true);
+    return 0;
+  }
   if (argc > 2 && !std::strcmp(argv[2], "time")) {
     run_shape(16, 64, 65, 8192, path, rng, true);
     run_shape(64, 8, 9, 32768, path, rng, true);
