@@ -8,7 +8,10 @@
 
 #include "ptx_mma.h"
 #include "tree_verify_mla_pingpong.h"
+#include "tree_verify_mla_seesaw.h"
 #include "tree_verify_mla_tile.h"
+
+#include <cudaTypedefs.h>  // PFN_cuTensorMapEncodeTiled
 
 #include <algorithm>
 #include <cmath>
@@ -247,7 +250,42 @@ int row_tiles(const TreeVerifyMlaShape& s) { return (s.nodes * s.heads + kBlockM
 
 using namespace tvm;  // this file's own kernels and constants
 
-int tree_verify_mla_smem_bytes() { return kSmemBytes; }
+int tree_verify_mla_smem_bytes() { return std::max(kSmemBytes, kSsSmemBytes); }
+
+namespace {
+// The seesaw path's tensor map of the cache: rows = batch x cache_len, 576 bf16 each, boxes of 64 x 64 with the
+// 128-byte swizzle, i.e. one smem column block. The encoder is the driver's, reached through the runtime, so the
+// extension does not link libcuda. Rows past the map's end load as zeros.
+cudaError_t encode_kv_map(CUtensorMap* map, const __nv_bfloat16* kv, const TreeVerifyMlaShape& s) {
+  static PFN_cuTensorMapEncodeTiled_v12000 encode = nullptr;
+  if (encode == nullptr) {
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult found{};
+    const cudaError_t err = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &found);
+    if (err != cudaSuccess || found != cudaDriverEntryPointSuccess || fn == nullptr) return cudaErrorNotSupported;
+    encode = reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
+  }
+  const cuuint64_t dims[2] = {kTvmDimQK, static_cast<cuuint64_t>(s.batch) * s.cache_len};
+  const cuuint64_t strides[1] = {kTvmDimQK * sizeof(__nv_bfloat16)};
+  const cuuint32_t box[2] = {64, kBlockN}, elem_strides[2] = {1, 1};
+  const CUresult r = encode(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<__nv_bfloat16*>(kv), dims, strides,
+                            box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                            CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
+}
+
+cudaError_t launch_seesaw(const Params& p, dim3 grid, bool split, cudaStream_t stream) {
+  SeesawParams sp{p, {}};
+  const TreeVerifyMlaShape s{p.batch, p.nodes, p.heads, p.cache_len, p.words};
+  cudaError_t err = encode_kv_map(&sp.kv_map, p.kv, s);
+  if (err != cudaSuccess) return err;
+  void (*kernel)(SeesawParams) = split ? tree_verify_mla_seesaw_kernel<true> : tree_verify_mla_seesaw_kernel<false>;
+  err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSsSmemBytes);
+  if (err != cudaSuccess) return err;
+  kernel<<<grid, kThreads, kSsSmemBytes, stream>>>(sp);
+  return cudaSuccess;
+}
+}  // namespace
 
 // Chooses the split count minimizing (waves x KV tiles per CTA), charging each split a fixed overhead,
 // as FlashMLA's scheduler does. Uses the allocated length S, the only context bound known on the host.
@@ -281,13 +319,19 @@ cudaError_t tree_verify_mla_launch(const TreeVerifyMlaArgs& a, cudaStream_t stre
   const dim3 grid(row_tiles(s), a.num_splits, s.batch);
   void (*kernel)(Params) = nullptr;
   switch (a.path) {
+    case TvmPath::kSeesaw: break;
     case TvmPath::kPingPong: kernel = split ? tree_verify_mla_pingpong_kernel<true> : tree_verify_mla_pingpong_kernel<false>; break;
     case TvmPath::kWgmma: kernel = split ? tree_verify_mla_kernel<true, true> : tree_verify_mla_kernel<false, true>; break;
     default: kernel = split ? tree_verify_mla_kernel<true, false> : tree_verify_mla_kernel<false, false>; break;
   }
-  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
-  if (err != cudaSuccess) return err;
-  kernel<<<grid, kThreads, kSmemBytes, stream>>>(p);
+  if (kernel == nullptr) {
+    const cudaError_t err = launch_seesaw(p, grid, split, stream);
+    if (err != cudaSuccess) return err;
+  } else {
+    const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
+    if (err != cudaSuccess) return err;
+    kernel<<<grid, kThreads, kSmemBytes, stream>>>(p);
+  }
   if (split) {
     const int rows_per_block = 8;  // one warp per row
     tree_verify_mla_combine<<<static_cast<unsigned>((rows_total + rows_per_block - 1) / rows_per_block),

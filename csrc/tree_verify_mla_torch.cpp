@@ -63,17 +63,18 @@ TreeVerifyMlaShape check_shapes(const at::Tensor& q, const at::Tensor& kv, const
 }
 
 // "auto" takes the wgmma ping-pong where it exists (compute capability 9.0: the extension is built for sm_90a
-// there), else mma.sync; "wgmma" is the v2 lock-step wgmma path, kept for A/B measurements.
+// there), else mma.sync; "seesaw" is v4 (TMA loads, seesaw schedule), "wgmma" the v2 lock-step path, kept for A/B.
 TvmPath pick_path(const std::string& impl, int dev) {
   int major = 0, minor = 0;
   C10_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
   C10_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
   const bool sm90 = major == 9 && minor == 0;
-  TORCH_CHECK(impl == "auto" || impl == "pingpong" || impl == "wgmma" || impl == "mma",
-              "tree_verify_mla: impl must be 'auto', 'pingpong', 'wgmma' or 'mma', got '", kdb::fmt(impl), "'");
+  TORCH_CHECK(impl == "auto" || impl == "seesaw" || impl == "pingpong" || impl == "wgmma" || impl == "mma",
+              "tree_verify_mla: impl must be 'auto', 'seesaw', 'pingpong', 'wgmma' or 'mma', got '", kdb::fmt(impl), "'");
   TORCH_CHECK(impl == "auto" || impl == "mma" || sm90, "tree_verify_mla: impl '", kdb::fmt(impl),
               "' needs compute capability 9.0 (H100/H200), got ", kdb::fmt(major), ".", kdb::fmt(minor));
   if (impl == "mma" || (impl == "auto" && !sm90)) return TvmPath::kMma;
+  if (impl == "seesaw") return TvmPath::kSeesaw;
   return impl == "wgmma" ? TvmPath::kWgmma : TvmPath::kPingPong;
 }
 

@@ -4,7 +4,7 @@
 // form shipped until 2026-12-01 s3). racecheck flags the arrive build only: it does not treat bar.arrive ->
 // bar.sync as an edge. Usage: racecheck_pingpong {mma|wgmma|pingpong} [time]
 // `time`: the three shapes whose 1.25x-over-the-cascade target is missed, CUDA events (3 warm-up, median of 15),
-// so the two builds' cost can be compared.
+// so the two builds' cost can be compared. Paths: mma, wgmma, pingpong (default) and seesaw (v4).
 // `trace` (build with -DKDB_PP_TRACE): per-phase timestamps of one CTA in the middle of the grid (thread 0 of each
 // warpgroup, SM clock) on those three shapes plus B 8 H 128 T 257: the median of each phase's end, in cycles after
 // the step's start, over the steady tiles, and the median step (two tiles) per warpgroup.
@@ -125,7 +125,8 @@ static void run_shape(int b, int h, int t, int past, kdb::TvmPath path, std::mt1
 int main(int argc, char** argv) {
   const char* name = argc > 1 ? argv[1] : "pingpong";
   const kdb::TvmPath path = !std::strcmp(name, "mma") ? kdb::TvmPath::kMma
-                          : !std::strcmp(name, "wgmma") ? kdb::TvmPath::kWgmma : kdb::TvmPath::kPingPong;
+                          : !std::strcmp(name, "wgmma") ? kdb::TvmPath::kWgmma
+                          : !std::strcmp(name, "seesaw") ? kdb::TvmPath::kSeesaw : kdb::TvmPath::kPingPong;
   std::mt19937 rng(0);
   if (argc > 2 && !std::strcmp(argv[2], "trace")) {
     run_shape(16, 64, 65, 8192, path, rng, false, true);

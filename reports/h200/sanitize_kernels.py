@@ -38,7 +38,7 @@ for b, h, t, past_len in ((2, 16, 65, 300), (1, 8, 17, 4097), (3, 8, 9, 191)):
     vis[-1] = False                                     # a padding row
     import numpy as np
     anc = torch.from_numpy(ref._pack_bits(vis.numpy(), (t + 63) // 64).view(np.int64)).to(dev)
-    for impl in ("mma", "wgmma", "pingpong") if torch.cuda.get_device_capability() == (9, 0) else ("mma",):
+    for impl in ("mma", "wgmma", "pingpong", "seesaw") if torch.cuda.get_device_capability() == (9, 0) else ("mma",):
         cuda_ext.tree_verify_mla(q, kv, torch.full((b,), past_len, dtype=torch.int32, device=dev),
                                  anc.expand(b, t, -1).contiguous(), 0.1309, impl)
 torch.cuda.synchronize()

@@ -54,8 +54,8 @@ def kv_compact(cache: torch.Tensor, past_lens: torch.Tensor, accepted: torch.Ten
 def tree_verify_mla(q: torch.Tensor, kv: torch.Tensor, past_lens: torch.Tensor, anc: torch.Tensor,
                     scale: float, impl: str = "auto") -> tuple[torch.Tensor, torch.Tensor]:
     """q [B, T, H, 576] bf16, kv [B, S, 576] bf16, past_lens [B] i32, anc [B, T, W] i64 -> (o_lat, lse).
-    impl: "auto" (the wgmma ping-pong on sm_90, else mma.sync), "pingpong", "wgmma" (v2 lock-step wgmma) or "mma"
-    (the backend `cuda_mma` pins the latter)."""
+    impl: "auto" (the wgmma ping-pong on sm_90, else mma.sync), "seesaw" (v4: TMA loads, seesaw schedule),
+    "pingpong", "wgmma" (v2 lock-step wgmma) or "mma" (the backend `cuda_mma` pins the latter)."""
     o_lat, lse = load().tree_verify_mla(q, kv, past_lens, anc, float(scale), impl)
     return o_lat, lse
 

@@ -1,0 +1,175 @@
+// tree_verify_mla v4 (sm_90a): the seesaw schedule with TMA loads. The CTA takes the split's KV tiles in pairs
+// (tile i in stage 0, i + 1 in stage 1). Warpgroup 0 owns O's dims 0..255 and computes S of the even tile,
+// warpgroup 1 owns dims 256..511 and S of the odd tile. The even tile's softmax runs while the odd tile's QK is on
+// the tensor cores, the odd one's while the even tile's first PV is. Each 64-column block of a stage is one TMA box
+// with its own mbarrier, so a QK waits block by block, and each half of a stage is refilled by the last warpgroup
+// that reads it, right after its wgmma wait. Q's rope block lives in registers; its smem holds the odd tile's P.
+// Included by csrc/tree_verify_mla.cu; the schedule, its hazards and figures: plans/0004 ("Design v4").
+#pragma once
+#include "tree_verify_mla_pingpong.h"  // pp_pv_issue_regs / _smem, pp_fence_regs
+#include "tree_verify_mla_seesaw_ops.h"
+
+namespace kdb {
+namespace tvm {
+
+struct SsCtx {  // what both warpgroups' pair steps read
+  const SeesawParams& sp;
+  uint8_t* smem;
+  uint32_t s_base;
+  int b, past, kv_end, t_begin, n;
+  Role w;
+  int row[2];                  // the thread's two rows within the M-tile
+  const uint64_t* anc_row[2];  // their anc words (null past the request)
+};
+
+__device__ __forceinline__ void ss_fence_s(float (&s)[8][4]) {
+#pragma unroll
+  for (int j = 0; j < 8; ++j) reg_fence(s[j][0]), reg_fence(s[j][1]), reg_fence(s[j][2]), reg_fence(s[j][3]);
+}
+
+// S of tile i into s (zero-filling a tail tile first), in column-block order [J0, 9) then [0, J0); waited.
+template <int J0>
+__device__ __forceinline__ void ss_first_qk(const SsCtx& x, float (&s)[8][4], const uint32_t (&rope)[4][4], int i) {
+  const SsTile k = ss_tile(x.s_base, x.t_begin, i);
+  const int valid = x.kv_end - k.t * kBlockN;
+  if (valid < kBlockN) ss_zero_tail(k, valid, x.smem, x.s_base, x.w.ch);
+  ss_qk<J0, 9, true>(s, rope, x.s_base, k);
+  if constexpr (J0 > 0) ss_qk<0, J0, false>(s, rope, x.s_base, k);
+  wgmma_wait<0>();
+  ss_fence_s(s);
+}
+
+// Warpgroup 0, pair (i, i + 1), S of tile i in s: softmax at m0 = max(m, row max), O_L += P_i V_i (P from
+// registers); refill stage 0's columns 0..255 with tile i + 2; at the odd tile's max m1: P_i rescaled into smem for
+// warpgroup 1, O_L to m1, O_L += P_{i+1} V_{i+1} (P from smem); S of tile i + 2, refilling stage 1's columns 0..255
+// with tile i + 3 once that PV is done. O_L's half of V is read last by this warpgroup, hence its refills.
+__device__ __forceinline__ void ss_pair_wg0(const SsCtx& x, int i, float (&s)[8][4], float (&acc)[32][4],
+                                            uint32_t (&pa)[4][4], const uint32_t (&rope)[4][4], RowState& st) {
+  const SsTile k0 = ss_tile(x.s_base, x.t_begin, i), k1 = ss_tile(x.s_base, x.t_begin, i + 1);
+  const bool has1 = i + 1 < x.n, loader = (threadIdx.x & 127) == 0;
+  const int c = x.w.lane & 3;
+  float* s_max = reinterpret_cast<float*>(x.smem + kOffMax);  // [wg][64]
+  uint64_t vis[2];
+  const bool masked = ss_vis(x.sp.p, k0.t, x.past, x.anc_row, vis);
+  float mx[2], m_new[2], base[2];
+  ss_scores(s, vis, masked, x.sp.p.scale_log2, c, mx);
+  for (int h = 0; h < 2; ++h) m_new[h] = fmaxf(st.m[h], mx[h]);
+  rescale(acc, st, m_new, base);
+  ss_exp(s, pa, st, base, nullptr, x.row, c);
+  if (c == 0) s_max[x.row[0]] = st.m[0], s_max[x.row[1]] = st.m[1];
+  named_arrive(kSsBarM0, 2 * 128);
+  pp_pv_issue_regs(acc, pa, k0.stage, 0);
+  wgmma_wait<0>();
+  pp_fence_regs(acc, pa);
+  if (i + 2 < x.n && loader) ss_load(x.sp, ss_tile(x.s_base, x.t_begin, i + 2), x.b, 0, 4);
+  named_sync(kSsBarM1, 2 * 128);  // m1 in max[1], P_{i+1} in smem
+  const float m1[2] = {s_max[kBlockM + x.row[0]], s_max[kBlockM + x.row[1]]};
+  uint8_t* p_even = x.smem + kOffP;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const float sc = exp2f(st.m[h] - (m1[h] == -INFINITY ? 0.f : m1[h]));  // 0 while nothing is visible
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+      *reinterpret_cast<__nv_bfloat162*>(p_even + tile_off(x.row[h], j) + 4 * c) =
+          __floats2bfloat162_rn(s[j][2 * h] * sc, s[j][2 * h + 1] * sc);
+  }
+  fence_proxy_async_smem();
+  named_arrive(kSsBarP0, 2 * 128);
+  rescale(acc, st, m1, base);
+  if (has1) pp_pv_issue_smem(acc, x.s_base + kSsOffPOdd, k1.stage, 0);
+  if (i + 2 < x.n) {
+    const SsTile k2 = ss_tile(x.s_base, x.t_begin, i + 2);
+    const int valid = x.kv_end - k2.t * kBlockN;
+    if (valid < kBlockN) ss_zero_tail(k2, valid, x.smem, x.s_base, 0);
+    ss_qk<0, 4, true>(s, rope, x.s_base, k2);
+    wgmma_wait<4>();  // O_L += P_{i+1} V_{i+1} done: stage 1's columns 0..255 are free
+    if (i + 3 < x.n && loader) ss_load(x.sp, ss_tile(x.s_base, x.t_begin, i + 3), x.b, 0, 4);
+    ss_qk<4, 9, false>(s, rope, x.s_base, k2);
+  }
+  wgmma_wait<0>();
+  pp_fence_regs(acc, pa);
+  ss_fence_s(s);
+}
+
+// Warpgroup 1, pair (i, i + 1), S of tile i + 1 in s (when it exists): softmax at m1 = max(m0, row max), O_R
+// straight from the previous max to m1; P_{i+1} into smem for warpgroup 0, O_R += P_{i+1} V_{i+1} (registers),
+// O_R += P_i V_i (P from smem); refill stage 1's columns 256..575 with tile i + 3 and stage 0's with tile i + 2 as
+// each PV finishes; S of tile i + 3 (its own refill first).
+__device__ __forceinline__ void ss_pair_wg1(const SsCtx& x, int i, float (&s)[8][4], float (&acc)[32][4],
+                                            uint32_t (&pa)[4][4], const uint32_t (&rope)[4][4], RowState& st) {
+  const SsTile k0 = ss_tile(x.s_base, x.t_begin, i), k1 = ss_tile(x.s_base, x.t_begin, i + 1);
+  const bool has1 = i + 1 < x.n, loader = (threadIdx.x & 127) == 0;
+  const int c = x.w.lane & 3;
+  float* s_max = reinterpret_cast<float*>(x.smem + kOffMax);
+  named_sync(kSsBarM0, 2 * 128);
+  float mx[2] = {-INFINITY, -INFINITY}, m_new[2], base[2];
+  if (has1) {
+    uint64_t vis[2];
+    const bool masked = ss_vis(x.sp.p, k1.t, x.past, x.anc_row, vis);
+    ss_scores(s, vis, masked, x.sp.p.scale_log2, c, mx);
+  }
+  for (int h = 0; h < 2; ++h) m_new[h] = fmaxf(s_max[x.row[h]], mx[h]);  // >= st.m: m0 is
+  rescale(acc, st, m_new, base);
+  if (has1) ss_exp(s, pa, st, base, x.smem + kSsOffPOdd, x.row, c);
+  if (c == 0) s_max[kBlockM + x.row[0]] = st.m[0], s_max[kBlockM + x.row[1]] = st.m[1];
+  fence_proxy_async_smem();  // P_{i+1} is read by warpgroup 0's wgmma
+  named_arrive(kSsBarM1, 2 * 128);
+  if (has1) pp_pv_issue_regs(acc, pa, k1.stage, 1);
+  named_sync(kSsBarP0, 2 * 128);
+  pp_pv_issue_smem(acc, x.s_base + kOffP, k0.stage, 1);
+  if (has1) {
+    wgmma_wait<1>();  // O_R += P_{i+1} V_{i+1} done: stage 1's columns 256..575 are free
+    if (i + 3 < x.n && loader) ss_load(x.sp, ss_tile(x.s_base, x.t_begin, i + 3), x.b, 4, 9);
+  }
+  wgmma_wait<0>();  // O_R += P_i V_i done: stage 0's columns 256..575 are free
+  pp_fence_regs(acc, pa);
+  if (i + 2 < x.n && loader) ss_load(x.sp, ss_tile(x.s_base, x.t_begin, i + 2), x.b, 4, 9);
+  if (i + 3 < x.n) ss_first_qk<4>(x, s, rope, i + 3);
+}
+
+// Grid (row tiles, splits, batch), 256 threads, one CTA per SM.
+template <bool kSplit>
+__global__ void __launch_bounds__(kThreads, 1) tree_verify_mla_seesaw_kernel(const __grid_constant__ SeesawParams sp) {
+  const Params& p = sp.p;
+  extern __shared__ __align__(1024) uint8_t smem_raw[];
+  uint8_t* smem = smem_raw + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023);  // 1024-byte swizzle atoms
+  const int b = blockIdx.z, split = blockIdx.y, m0 = blockIdx.x * kBlockM;
+  const Role w = role<true>();
+  const auto [past, kv_end, t_begin, t_end] = split_tiles(p, b, split);
+  const int n = t_end - t_begin, rows = p.nodes * p.heads;
+  const uint32_t s_base = smem_addr(smem);
+  if (threadIdx.x == 0) {
+    for (int j = 0; j < 18; ++j) mbar_init(s_base + kSsOffBar + 8 * j, 1);
+    fence_mbar_init();
+    for (int i = 0; i < min(n, 2); ++i) ss_load(sp, ss_tile(s_base, t_begin, i), b, 0, 9);
+  }
+  if (n > 0) {
+    load_tile<kThreads>(s_base, p.q + static_cast<size_t>(b) * rows * kTvmDimQK, m0, rows, threadIdx.x);
+    cp_async_commit();
+    cp_async_wait_all();
+  }
+  __syncthreads();  // Q landed, mbarriers initialised
+  uint32_t rope[4][4];
+  ss_load_rope(rope, s_base, w);
+  fence_proxy_async_smem();  // Q was written by cp.async (generic proxy); wgmma reads it
+  __syncthreads();           // every warp holds its rope fragments: Q's block 8 becomes P of the odd tile
+  SsCtx x{sp, smem, s_base, b, past, kv_end, t_begin, n, w,
+          {16 * w.rg + (w.lane >> 2), 16 * w.rg + (w.lane >> 2) + 8}, {nullptr, nullptr}};
+  anc_rows(p, b, m0, w, x.anc_row);
+  float acc[32][4], s[8][4];
+  uint32_t pa[4][4] = {};
+#pragma unroll
+  for (int j = 0; j < 32; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
+  RowState st = {{-INFINITY, -INFINITY}, {0.f, 0.f}};
+  if (w.ch < n) ss_first_qk<0>(x, s, rope, w.ch);  // S of tile 0 (warpgroup 0) and of tile 1 (warpgroup 1)
+  for (int i = 0; i < n; i += 2) {
+    if (w.ch == 0) ss_pair_wg0(x, i, s, acc, pa, rope, st);
+    else ss_pair_wg1(x, i, s, acc, pa, rope, st);
+  }
+  wgmma_wait<0>();
+  pp_fence_regs(acc, pa);
+  epilogue<kSplit>(p, acc, st, smem, b, split, m0, w);
+}
+
+}  // namespace tvm
+}  // namespace kdb
