@@ -15,21 +15,10 @@ constexpr int kBarReady = 5;   // + tile parity: P_i in smem and m_i in s_max, p
 constexpr int kBarFree = 7;    // + buffer: the non-owner finished its PV on the buffer's tile (buffer may refill)
 constexpr int kBarLoaded = 9;  // + warpgroup (128 threads): the warpgroup's own cp.async tile landed
 
-// Phase timestamps (SM clock) of one CTA in the middle of the grid, thread 0 of each warpgroup, per local tile:
-// compiled in only with -DKDB_PP_TRACE (reports/h200/racecheck_pingpong.cu `trace`, plans/0004), else a no-op.
+// Phase marks for tvm_mark (-DKDB_TVM_TRACE, tree_verify_mla_tile.h), per own tile.
 enum PpEvent { kEvStart, kEvFree, kEvRefill, kEvReady, kEvRemotePv, kEvLoaded, kEvQk, kEvFreeSignal, kEvQkDone,
-               kEvPublished, kEvOwnPv, kPpEvents };
-#ifdef KDB_PP_TRACE
-constexpr int kPpTraceTiles = 1024;
-__device__ long long g_pp_trace[2][kPpTraceTiles][kPpEvents];
-__device__ __forceinline__ void pp_mark(int i, PpEvent ev) {
-  if ((threadIdx.x & 127) == 0 && blockIdx.x == gridDim.x / 2 && blockIdx.y == 0 && blockIdx.z == gridDim.z / 2 &&
-      i < kPpTraceTiles)
-    g_pp_trace[threadIdx.x >> 7][i][ev] = clock64();
-}
-#else
-__device__ __forceinline__ void pp_mark(int, PpEvent) {}
-#endif
+               kEvPublished, kEvOwnPv };
+__device__ __forceinline__ void pp_mark(int i, PpEvent ev) { tvm_mark(i, ev); }
 
 // S[64 x 64] = Q[64 x 576] . K[64 tokens x 576]^T for one warpgroup; issued and committed, not waited for.
 __device__ __forceinline__ void pp_qk_issue(float (&s)[8][4], uint32_t q_tile, uint32_t k_tile) {

@@ -12,6 +12,9 @@
 namespace kdb {
 namespace tvm {
 
+// Phase marks for tvm_mark (-DKDB_TVM_TRACE), per pair; warpgroup 0 and 1 number their own steps.
+enum SsEvent { kSsStart, kSsA, kSsB, kSsC, kSsD, kSsE, kSsF, kSsG, kSsH, kSsI, kSsEnd };
+
 struct SsCtx {  // what both warpgroups' pair steps read
   const SeesawParams& sp;
   uint8_t* smem;
@@ -50,6 +53,7 @@ __device__ __forceinline__ void ss_pair_wg0(const SsCtx& x, int i, float (&s)[8]
   const int c = x.w.lane & 3;
   float* s_max = reinterpret_cast<float*>(x.smem + kOffMax);  // [wg][64]
   uint64_t vis[2];
+  tvm_mark(i, kSsStart);
   const bool masked = ss_vis(x.sp.p, k0.t, x.past, x.anc_row, vis);
   float mx[2], m_new[2], base[2];
   ss_scores(s, vis, masked, x.sp.p.scale_log2, c, mx);
@@ -58,11 +62,15 @@ __device__ __forceinline__ void ss_pair_wg0(const SsCtx& x, int i, float (&s)[8]
   ss_exp(s, pa, st, base, nullptr, x.row, c);
   if (c == 0) s_max[x.row[0]] = st.m[0], s_max[x.row[1]] = st.m[1];
   named_arrive(kSsBarM0, 2 * 128);
+  tvm_mark(i, kSsA);  // softmax done, m0 published
   pp_pv_issue_regs(acc, pa, k0.stage, 0);
+  tvm_mark(i, kSsB);  // own PV issued
   wgmma_wait<0>();
   pp_fence_regs(acc, pa);
   if (i + 2 < x.n && loader) ss_load(x.sp, ss_tile(x.s_base, x.t_begin, i + 2), x.b, 0, 4);
+  tvm_mark(i, kSsC);  // own PV done, refill issued
   named_sync(kSsBarM1, 2 * 128);  // m1 in max[1], P_{i+1} in smem
+  tvm_mark(i, kSsD);
   const float m1[2] = {s_max[kBlockM + x.row[0]], s_max[kBlockM + x.row[1]]};
   uint8_t* p_even = x.smem + kOffP;
 #pragma unroll
@@ -75,20 +83,26 @@ __device__ __forceinline__ void ss_pair_wg0(const SsCtx& x, int i, float (&s)[8]
   }
   fence_proxy_async_smem();
   named_arrive(kSsBarP0, 2 * 128);
+  tvm_mark(i, kSsE);  // P_i rescaled and published
   rescale(acc, st, m1, base);
   if (has1) pp_pv_issue_smem(acc, x.s_base + kSsOffPOdd, k1.stage, 0);
+  tvm_mark(i, kSsF);  // remote PV issued
   if (i + 2 < x.n) {
     const SsTile k2 = ss_tile(x.s_base, x.t_begin, i + 2);
     const int valid = x.kv_end - k2.t * kBlockN;
     if (valid < kBlockN) ss_zero_tail(k2, valid, x.smem, x.s_base, 0);
     ss_qk<0, 4, true>(s, rope, x.s_base, k2);
+    tvm_mark(i, kSsG);  // QK blocks 0..3 issued
     wgmma_wait<4>();  // O_L += P_{i+1} V_{i+1} done: stage 1's columns 0..255 are free
     if (i + 3 < x.n && loader) ss_load(x.sp, ss_tile(x.s_base, x.t_begin, i + 3), x.b, 0, 4);
+    tvm_mark(i, kSsH);  // remote PV done, refill issued
     ss_qk<4, 9, false>(s, rope, x.s_base, k2);
+    tvm_mark(i, kSsI);  // QK blocks 4..8 issued
   }
   wgmma_wait<0>();
   pp_fence_regs(acc, pa);
   ss_fence_s(s);
+  tvm_mark(i, kSsEnd);
 }
 
 // Warpgroup 1, pair (i, i + 1), S of tile i + 1 in s (when it exists): softmax at m1 = max(m0, row max), O_R
@@ -101,7 +115,9 @@ __device__ __forceinline__ void ss_pair_wg1(const SsCtx& x, int i, float (&s)[8]
   const bool has1 = i + 1 < x.n, loader = (threadIdx.x & 127) == 0;
   const int c = x.w.lane & 3;
   float* s_max = reinterpret_cast<float*>(x.smem + kOffMax);
+  tvm_mark(i, kSsStart);
   named_sync(kSsBarM0, 2 * 128);
+  tvm_mark(i, kSsA);  // m0 received
   float mx[2] = {-INFINITY, -INFINITY}, m_new[2], base[2];
   if (has1) {
     uint64_t vis[2];
@@ -114,17 +130,24 @@ __device__ __forceinline__ void ss_pair_wg1(const SsCtx& x, int i, float (&s)[8]
   if (c == 0) s_max[kBlockM + x.row[0]] = st.m[0], s_max[kBlockM + x.row[1]] = st.m[1];
   fence_proxy_async_smem();  // P_{i+1} is read by warpgroup 0's wgmma
   named_arrive(kSsBarM1, 2 * 128);
+  tvm_mark(i, kSsB);  // softmax done, m1 and P_{i+1} published
   if (has1) pp_pv_issue_regs(acc, pa, k1.stage, 1);
+  tvm_mark(i, kSsC);  // own PV issued
   named_sync(kSsBarP0, 2 * 128);
+  tvm_mark(i, kSsD);  // P_i received
   pp_pv_issue_smem(acc, x.s_base + kOffP, k0.stage, 1);
+  tvm_mark(i, kSsE);  // remote PV issued
   if (has1) {
     wgmma_wait<1>();  // O_R += P_{i+1} V_{i+1} done: stage 1's columns 256..575 are free
     if (i + 3 < x.n && loader) ss_load(x.sp, ss_tile(x.s_base, x.t_begin, i + 3), x.b, 4, 9);
   }
+  tvm_mark(i, kSsF);  // own PV done, refill issued
   wgmma_wait<0>();  // O_R += P_i V_i done: stage 0's columns 256..575 are free
   pp_fence_regs(acc, pa);
   if (i + 2 < x.n && loader) ss_load(x.sp, ss_tile(x.s_base, x.t_begin, i + 2), x.b, 4, 9);
+  tvm_mark(i, kSsG);  // remote PV done, refill issued
   if (i + 3 < x.n) ss_first_qk<4>(x, s, rope, i + 3);
+  tvm_mark(i, kSsEnd);  // S of tile i + 3 done
 }
 
 // Grid (row tiles, splits, batch), 256 threads, one CTA per SM.

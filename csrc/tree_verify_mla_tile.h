@@ -43,6 +43,21 @@ struct Params {
   float scale_log2;  // scale * log2(e): scores live in log2 units so exp2 needs no extra multiply
 };
 
+// Phase timestamps (SM clock) of one CTA in the middle of the grid, thread 0 of each warpgroup, per step and event
+// (the paths number their own events): compiled in only with -DKDB_TVM_TRACE (reports/h200/racecheck_pingpong.cu
+// `trace`, plans/0004), else a no-op. The marks' stores make the next proxy fence wait: ~1-3 % slower.
+constexpr int kTraceSteps = 1024, kTraceEvents = 12;
+#ifdef KDB_TVM_TRACE
+__device__ long long g_tvm_trace[2][kTraceSteps][kTraceEvents];
+__device__ __forceinline__ void tvm_mark(int i, int ev) {
+  if ((threadIdx.x & 127) == 0 && blockIdx.x == gridDim.x / 2 && blockIdx.y == 0 && blockIdx.z == gridDim.z / 2 &&
+      i < kTraceSteps)
+    g_tvm_trace[threadIdx.x >> 7][i][ev] = clock64();
+}
+#else
+__device__ __forceinline__ void tvm_mark(int, int) {}
+#endif
+
 // Barrier for the two warps that own the same 16 rows (64 threads); ids 1..4, id 0 is __syncthreads.
 __device__ __forceinline__ void pair_sync(int row_group) {
   asm volatile("bar.sync %0, 64;\n" ::"r"(row_group + 1) : "memory");

@@ -5,7 +5,7 @@
 // bar.sync as an edge. Usage: racecheck_pingpong {mma|wgmma|pingpong} [time]
 // `time`: the three shapes whose 1.25x-over-the-cascade target is missed, CUDA events (3 warm-up, median of 15),
 // so the two builds' cost can be compared. Paths: mma, wgmma, pingpong (default) and seesaw (v4).
-// `trace` (build with -DKDB_PP_TRACE): per-phase timestamps of one CTA in the middle of the grid (thread 0 of each
+// `trace` (build with -DKDB_TVM_TRACE): per-phase timestamps of one CTA in the middle of the grid (thread 0 of each
 // warpgroup, SM clock) on those three shapes plus B 8 H 128 T 257: the median of each phase's end, in cycles after
 // the step's start, over the steady tiles, and the median step (two tiles) per warpgroup.
 #include "../../csrc/tree_verify_mla.cu"
@@ -20,25 +20,33 @@ static void check(cudaError_t e, const char* what) {
   if (e != cudaSuccess) { std::printf("%s: %s\n", what, cudaGetErrorString(e)); std::exit(1); }
 }
 
-#ifdef KDB_PP_TRACE
-static void print_trace(int n_tiles) {
-  static long long tr[2][kdb::tvm::kPpTraceTiles][kdb::tvm::kPpEvents];
-  check(cudaMemcpyFromSymbol(tr, kdb::tvm::g_pp_trace, sizeof(tr)), "trace copy");
-  const char* names[] = {"start", "free", "refill", "ready", "remote_pv", "loaded", "qk", "free_signal", "qk_done",
-                         "published", "own_pv"};
-  const int n = std::min(n_tiles, kdb::tvm::kPpTraceTiles);
+#ifdef KDB_TVM_TRACE
+// Ping-pong: warpgroup wg's steps are its own tiles i = wg, wg + 2, ...; seesaw: both take pairs i = 0, 2, ...
+static void print_trace(int n_tiles, kdb::TvmPath path) {
+  static long long tr[2][kdb::tvm::kTraceSteps][kdb::tvm::kTraceEvents];
+  check(cudaMemcpyFromSymbol(tr, kdb::tvm::g_tvm_trace, sizeof(tr)), "trace copy");
+  const bool ss = path == kdb::TvmPath::kSeesaw;
+  const char* pp[] = {"start", "free", "refill", "ready", "remote_pv", "loaded", "qk", "free_signal", "qk_done",
+                      "published", "own_pv"};
+  const char* ss0[] = {"start", "softmax", "pv_issued", "pv_done", "m1", "p0_published", "remote_pv", "qk_lo",
+                       "remote_done", "qk_hi", "end"};
+  const char* ss1[] = {"start", "m0", "softmax", "pv_issued", "p0", "remote_pv", "pv_done", "remote_done", "-", "-",
+                       "end"};
+  const int n = std::min(n_tiles, kdb::tvm::kTraceSteps), events = 11;
   for (int wg = 0; wg < 2; ++wg) {
+    const char* const* names = ss ? (wg ? ss1 : ss0) : pp;
+    const int first = ss ? 4 : 4 + wg;
     std::printf("  wg %d (%d tiles):", wg, n);
-    for (int ev = 1; ev < kdb::tvm::kPpEvents; ++ev) {
+    for (int ev = 1; ev < events; ++ev) {
       std::vector<long long> d;
-      for (int i = 4 + wg; i + 4 < n; i += 2)
+      for (int i = first; i + 4 < n; i += 2)
         if (tr[wg][i][ev] && tr[wg][i][0]) d.push_back(tr[wg][i][ev] - tr[wg][i][0]);
       if (d.empty()) continue;
       std::sort(d.begin(), d.end());
       std::printf(" %s %lld", names[ev], d[d.size() / 2]);
     }
     std::vector<long long> step;
-    for (int i = 4 + wg; i + 6 < n; i += 2) step.push_back(tr[wg][i + 2][0] - tr[wg][i][0]);
+    for (int i = first; i + 6 < n; i += 2) step.push_back(tr[wg][i + 2][0] - tr[wg][i][0]);
     if (!step.empty()) {
       std::sort(step.begin(), step.end());
       std::printf(" | step %lld cycles (p10 %lld, p90 %lld)", step[step.size() / 2], step[step.size() / 10],
@@ -46,11 +54,16 @@ static void print_trace(int n_tiles) {
     }
     std::printf("\n");
   }
-  const int i0 = (n / 2) & ~1;  // one steady pair of steps, both warpgroups on one time axis
+  const int i0 = (n / 2) & ~1;  // one steady stretch, both warpgroups on one time axis
   std::printf("  timeline from wg 0 step %d:", i0);
   for (int i = i0; i < std::min(i0 + 3, n); ++i)
-    for (int ev = 0; ev < kdb::tvm::kPpEvents; ++ev)
-      if (tr[i & 1][i][ev]) std::printf(" [%d %s %lld]", i, names[ev], tr[i & 1][i][ev] - tr[0][i0][0]);
+    for (int wg = 0; wg < 2; ++wg) {
+      if (!ss && (i & 1) != wg) continue;
+      if (ss && (i & 1)) continue;
+      const char* const* names = ss ? (wg ? ss1 : ss0) : pp;
+      for (int ev = 0; ev < events; ++ev)
+        if (tr[wg][i][ev]) std::printf(" [%d w%d %s %lld]", i, wg, names[ev], tr[wg][i][ev] - tr[0][i0][0]);
+    }
   std::printf("\n");
 }
 #endif
@@ -101,15 +114,15 @@ static void run_shape(int b, int h, int t, int past, kdb::TvmPath path, std::mt1
     std::printf("time B %d H %d T %d past %d: median %.4f ms (min %.4f, max %.4f, 15 samples)\n", b, h, t, past,
                 ms[3 + 7], ms[3], ms.back());
   }
-#ifdef KDB_PP_TRACE
+#ifdef KDB_TVM_TRACE
   if (traced) {
-    static long long zero[2][kdb::tvm::kPpTraceTiles][kdb::tvm::kPpEvents];
-    check(cudaMemcpyToSymbol(kdb::tvm::g_pp_trace, zero, sizeof(zero)), "trace reset");
+    static long long zero[2][kdb::tvm::kTraceSteps][kdb::tvm::kTraceEvents];
+    check(cudaMemcpyToSymbol(kdb::tvm::g_tvm_trace, zero, sizeof(zero)), "trace reset");
     check(kdb::tree_verify_mla_launch(a, nullptr), "launch");
     check(cudaDeviceSynchronize(), "sync");
     const int tiles = (past + t + 63) / 64;
     std::printf("trace B %d H %d T %d past %d splits %d:\n", b, h, t, past, splits);
-    print_trace((tiles + splits - 1) / splits);
+    print_trace((tiles + splits - 1) / splits, path);
   }
 #else
   (void)traced;
