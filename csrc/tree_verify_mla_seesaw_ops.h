@@ -116,9 +116,9 @@ __device__ __forceinline__ void ss_scores(float (&s)[8][4], const uint64_t (&vis
   }
 }
 
-// P = exp2(S - base) in place (fp32) and as bf16 A fragments; adds the row sums. With `p_smem` also into that
-// P tile (the 64 x 64 swizzled layout) for the other warpgroup.
-__device__ __forceinline__ void ss_exp(float (&s)[8][4], uint32_t (&pa)[4][4], RowState& st, const float (&base)[2],
+// P = exp2(S - base) in place (fp32) and as bf16 A fragments; adds the row sums to l. With `p_smem` also into
+// that P tile (the 64 x 64 swizzled layout) for the other warpgroup.
+__device__ __forceinline__ void ss_exp(float (&s)[8][4], uint32_t (&pa)[4][4], float (&l)[2], const float (&base)[2],
                                        uint8_t* p_smem, const int (&row)[2], int c) {
 #pragma unroll
   for (int j = 0; j < 8; ++j) {
@@ -126,7 +126,7 @@ __device__ __forceinline__ void ss_exp(float (&s)[8][4], uint32_t (&pa)[4][4], R
     for (int h = 0; h < 2; ++h) {
       const float p0 = exp2f(s[j][2 * h] - base[h]), p1 = exp2f(s[j][2 * h + 1] - base[h]);
       s[j][2 * h] = p0, s[j][2 * h + 1] = p1;
-      st.l[h] += p0 + p1;
+      l[h] += p0 + p1;
       const __nv_bfloat162 pk = __floats2bfloat162_rn(p0, p1);
       pa[j >> 1][2 * (j & 1) + h] = *reinterpret_cast<const uint32_t*>(&pk);
       if (p_smem) *reinterpret_cast<__nv_bfloat162*>(p_smem + tile_off(row[h], j) + 4 * c) = pk;
