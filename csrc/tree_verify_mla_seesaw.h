@@ -62,6 +62,9 @@ __device__ __forceinline__ void ss_pair_wg0_next(const SsCtx& x, int i, float (&
   wgmma_wait<0>();
   pp_fence_regs(acc, pa);
   ss_fence_s(s);
+#ifndef KDB_SEESAW_NO_S0
+  if (i + 2 < x.n) named_arrive(kSsBarS0, 2 * 128);  // the odd tile's QK now runs under this tile's softmax
+#endif
   tvm_mark(i, kSsEnd);
 }
 
@@ -144,6 +147,10 @@ __device__ __forceinline__ void ss_pair_wg1(const SsCtx& x, int i, float (&s)[8]
     if (i + 3 < x.n && loader) ss_load(x.sp, ss_tile(x.s_base, x.t_begin, i + 3), x.b, 4, 9);
   }
   tvm_mark(i, kSsE);  // own PV done, refill issued
+#ifndef KDB_SEESAW_NO_S0
+  if (i + 2 < x.n) named_sync(kSsBarS0, 2 * 128);  // S of tile i + 2 done: QK of i + 3 overlaps its softmax
+#endif
+  tvm_mark(i, kSsF);
   if (i + 3 < x.n) ss_first_qk<4>(x, s, rope, i + 3);
   tvm_mark(i, kSsEnd);  // S of tile i + 3 done
 }
