@@ -42,7 +42,6 @@ __device__ __forceinline__ void ss_first_qk(const SsCtx& x, float (&s)[8][4], co
   ss_fence_s(s);
 }
 
-#ifndef KDB_SEESAW_LATE_P0
 // Warpgroup 0's end of a pair: S of tile i + 2 (stage 0), refilling stage 1's columns 0..255 with tile i + 3 as
 // soon as the pending O_L += P_{i+1} V_{i+1} is done (the fourth QK group is in flight by then).
 __device__ __forceinline__ void ss_pair_wg0_next(const SsCtx& x, int i, float (&s)[8][4], float (&acc)[32][4],
@@ -62,9 +61,12 @@ __device__ __forceinline__ void ss_pair_wg0_next(const SsCtx& x, int i, float (&
   wgmma_wait<0>();
   pp_fence_regs(acc, pa);
   ss_fence_s(s);
-#ifndef KDB_SEESAW_NO_S0
-  if (i + 2 < x.n) named_arrive(kSsBarS0, 2 * 128);  // the odd tile's QK now runs under this tile's softmax
+  if (i + 2 < x.n) {
+#ifndef KDB_SEESAW_M1_LATE
+    named_sync(kSsBarF0, 2 * 128);  // warpgroup 1 read P_i: the next pair's P may overwrite it
 #endif
+    named_arrive(kSsBarS0, 2 * 128);  // the odd tile's QK now runs under this tile's softmax
+  }
   tvm_mark(i, kSsEnd);
 }
 
@@ -130,15 +132,25 @@ __device__ __forceinline__ void ss_pair_wg1(const SsCtx& x, int i, float (&s)[8]
   }
   for (int h = 0; h < 2; ++h) m_new[h] = fmaxf(m_new[h], mx[h]), base[h] = m_new[h] == -INFINITY ? 0.f : m_new[h];
   if (has1) ss_exp(s, pa, lsum, base, x.smem + kSsOffPOdd, x.row, c);
+#ifndef KDB_SEESAW_M1_LATE
+  if (c == 0) s_max[kBlockM + x.row[0]] = m_new[0], s_max[kBlockM + x.row[1]] = m_new[1];
+  fence_proxy_async_smem();  // P_{i+1} is read by warpgroup 0's wgmma
+  named_arrive(kSsBarM1, 2 * 128);  // before the wait below: warpgroup 0 needs m1 and P_{i+1}, not O_R
+#endif
   tvm_mark(i, kSsC);  // softmax done
-  wgmma_wait<0>();  // O_R += P_i V_i done: stage 0's columns 256..575 are free
+  wgmma_wait<0>();  // O_R += P_i V_i done: stage 0's columns 256..575 are free, and so is P_i's smem
   pp_fence_regs(acc, pa);
   if (i + 2 < x.n && loader) ss_load(x.sp, ss_tile(x.s_base, x.t_begin, i + 2), x.b, 4, 9);
+#ifndef KDB_SEESAW_M1_LATE
+  if (i + 2 < x.n) named_arrive(kSsBarF0, 2 * 128);
+#endif
   rescale(acc, st, m_new, base);
   st.l[0] += lsum[0], st.l[1] += lsum[1];
+#ifdef KDB_SEESAW_M1_LATE
   if (c == 0) s_max[kBlockM + x.row[0]] = st.m[0], s_max[kBlockM + x.row[1]] = st.m[1];
   fence_proxy_async_smem();  // P_{i+1} is read by warpgroup 0's wgmma
   named_arrive(kSsBarM1, 2 * 128);
+#endif
   tvm_mark(i, kSsD);  // m1 and P_{i+1} published
   if (has1) {
     pp_pv_issue_regs(acc, pa, k1.stage, 1);
@@ -147,123 +159,11 @@ __device__ __forceinline__ void ss_pair_wg1(const SsCtx& x, int i, float (&s)[8]
     if (i + 3 < x.n && loader) ss_load(x.sp, ss_tile(x.s_base, x.t_begin, i + 3), x.b, 4, 9);
   }
   tvm_mark(i, kSsE);  // own PV done, refill issued
-#ifndef KDB_SEESAW_NO_S0
   if (i + 2 < x.n) named_sync(kSsBarS0, 2 * 128);  // S of tile i + 2 done: QK of i + 3 overlaps its softmax
-#endif
   tvm_mark(i, kSsF);
   if (i + 3 < x.n) ss_first_qk<4>(x, s, rope, i + 3);
   tvm_mark(i, kSsEnd);  // S of tile i + 3 done
 }
-#else
-// Warpgroup 0, pair (i, i + 1), S of tile i in s: softmax at m0 = max(m, row max), O_L += P_i V_i (P from
-// registers); refill stage 0's columns 0..255 with tile i + 2; at the odd tile's max m1: P_i rescaled into smem for
-// warpgroup 1, O_L to m1, O_L += P_{i+1} V_{i+1} (P from smem); S of tile i + 2, refilling stage 1's columns 0..255
-// with tile i + 3 once that PV is done. O_L's half of V is read last by this warpgroup, hence its refills.
-__device__ __forceinline__ void ss_pair_wg0(const SsCtx& x, int i, float (&s)[8][4], float (&acc)[32][4],
-                                            uint32_t (&pa)[4][4], const uint32_t (&rope)[4][4], RowState& st) {
-  const SsTile k0 = ss_tile(x.s_base, x.t_begin, i), k1 = ss_tile(x.s_base, x.t_begin, i + 1);
-  const bool has1 = i + 1 < x.n, loader = (threadIdx.x & 127) == 0;
-  const int c = x.w.lane & 3;
-  float* s_max = reinterpret_cast<float*>(x.smem + kOffMax);  // [wg][64]
-  uint64_t vis[2];
-  tvm_mark(i, kSsStart);
-  const bool masked = ss_vis(x.sp.p, k0.t, x.past, x.anc_row, vis);
-  float mx[2], m_new[2], base[2];
-  ss_scores(s, vis, masked, x.sp.p.scale_log2, c, mx);
-  for (int h = 0; h < 2; ++h) m_new[h] = fmaxf(st.m[h], mx[h]);
-  rescale(acc, st, m_new, base);
-  ss_exp(s, pa, st.l, base, nullptr, x.row, c);
-  if (c == 0) s_max[x.row[0]] = st.m[0], s_max[x.row[1]] = st.m[1];
-  named_arrive(kSsBarM0, 2 * 128);
-  tvm_mark(i, kSsA);  // softmax done, m0 published
-  pp_pv_issue_regs(acc, pa, k0.stage, 0);
-  tvm_mark(i, kSsB);  // own PV issued
-  wgmma_wait<0>();
-  pp_fence_regs(acc, pa);
-  if (i + 2 < x.n && loader) ss_load(x.sp, ss_tile(x.s_base, x.t_begin, i + 2), x.b, 0, 4);
-  tvm_mark(i, kSsC);  // own PV done, refill issued
-  named_sync(kSsBarM1, 2 * 128);  // m1 in max[1], P_{i+1} in smem
-  tvm_mark(i, kSsD);
-  const float m1[2] = {s_max[kBlockM + x.row[0]], s_max[kBlockM + x.row[1]]};
-  uint8_t* p_even = x.smem + kOffP;
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const float sc = exp2f(st.m[h] - (m1[h] == -INFINITY ? 0.f : m1[h]));  // 0 while nothing is visible
-#pragma unroll
-    for (int j = 0; j < 8; ++j)
-      *reinterpret_cast<__nv_bfloat162*>(p_even + tile_off(x.row[h], j) + 4 * c) =
-          __floats2bfloat162_rn(s[j][2 * h] * sc, s[j][2 * h + 1] * sc);
-  }
-  fence_proxy_async_smem();
-  named_arrive(kSsBarP0, 2 * 128);
-  tvm_mark(i, kSsE);  // P_i rescaled and published
-  rescale(acc, st, m1, base);
-  if (has1) pp_pv_issue_smem(acc, x.s_base + kSsOffPOdd, k1.stage, 0);
-  tvm_mark(i, kSsF);  // remote PV issued
-  if (i + 2 < x.n) {
-    const SsTile k2 = ss_tile(x.s_base, x.t_begin, i + 2);
-    const int valid = x.kv_end - k2.t * kBlockN;
-    if (valid < kBlockN) ss_zero_tail(k2, valid, x.smem, x.s_base, 0);
-    ss_qk<0, 4, true>(s, rope, x.s_base, k2);
-    tvm_mark(i, kSsG);  // QK blocks 0..3 issued
-    wgmma_wait<4>();  // O_L += P_{i+1} V_{i+1} done: stage 1's columns 0..255 are free
-    if (i + 3 < x.n && loader) ss_load(x.sp, ss_tile(x.s_base, x.t_begin, i + 3), x.b, 0, 4);
-    tvm_mark(i, kSsH);  // remote PV done, refill issued
-    ss_qk<4, 9, false>(s, rope, x.s_base, k2);
-    tvm_mark(i, kSsI);  // QK blocks 4..8 issued
-  }
-  wgmma_wait<0>();
-  pp_fence_regs(acc, pa);
-  ss_fence_s(s);
-  tvm_mark(i, kSsEnd);
-}
-
-// Warpgroup 1, pair (i, i + 1), S of tile i + 1 in s (when it exists): softmax at m1 = max(m0, row max), O_R
-// straight from the previous max to m1; P_{i+1} into smem for warpgroup 0, O_R += P_{i+1} V_{i+1} (registers),
-// O_R += P_i V_i (P from smem); refill stage 1's columns 256..575 with tile i + 3 and stage 0's with tile i + 2 as
-// each PV finishes; S of tile i + 3 (its own refill first).
-__device__ __forceinline__ void ss_pair_wg1(const SsCtx& x, int i, float (&s)[8][4], float (&acc)[32][4],
-                                            uint32_t (&pa)[4][4], const uint32_t (&rope)[4][4], RowState& st) {
-  const SsTile k0 = ss_tile(x.s_base, x.t_begin, i), k1 = ss_tile(x.s_base, x.t_begin, i + 1);
-  const bool has1 = i + 1 < x.n, loader = (threadIdx.x & 127) == 0;
-  const int c = x.w.lane & 3;
-  float* s_max = reinterpret_cast<float*>(x.smem + kOffMax);
-  tvm_mark(i, kSsStart);
-  named_sync(kSsBarM0, 2 * 128);
-  tvm_mark(i, kSsA);  // m0 received
-  float mx[2] = {-INFINITY, -INFINITY}, m_new[2], base[2];
-  if (has1) {
-    uint64_t vis[2];
-    const bool masked = ss_vis(x.sp.p, k1.t, x.past, x.anc_row, vis);
-    ss_scores(s, vis, masked, x.sp.p.scale_log2, c, mx);
-  }
-  for (int h = 0; h < 2; ++h) m_new[h] = fmaxf(s_max[x.row[h]], mx[h]);  // >= st.m: m0 is
-  rescale(acc, st, m_new, base);
-  if (has1) ss_exp(s, pa, st.l, base, x.smem + kSsOffPOdd, x.row, c);
-  if (c == 0) s_max[kBlockM + x.row[0]] = st.m[0], s_max[kBlockM + x.row[1]] = st.m[1];
-  fence_proxy_async_smem();  // P_{i+1} is read by warpgroup 0's wgmma
-  named_arrive(kSsBarM1, 2 * 128);
-  tvm_mark(i, kSsB);  // softmax done, m1 and P_{i+1} published
-  if (has1) pp_pv_issue_regs(acc, pa, k1.stage, 1);
-  tvm_mark(i, kSsC);  // own PV issued
-  named_sync(kSsBarP0, 2 * 128);
-  tvm_mark(i, kSsD);  // P_i received
-  pp_pv_issue_smem(acc, x.s_base + kOffP, k0.stage, 1);
-  tvm_mark(i, kSsE);  // remote PV issued
-  if (has1) {
-    wgmma_wait<1>();  // O_R += P_{i+1} V_{i+1} done: stage 1's columns 256..575 are free
-    if (i + 3 < x.n && loader) ss_load(x.sp, ss_tile(x.s_base, x.t_begin, i + 3), x.b, 4, 9);
-  }
-  tvm_mark(i, kSsF);  // own PV done, refill issued
-  wgmma_wait<0>();  // O_R += P_i V_i done: stage 0's columns 256..575 are free
-  pp_fence_regs(acc, pa);
-  if (i + 2 < x.n && loader) ss_load(x.sp, ss_tile(x.s_base, x.t_begin, i + 2), x.b, 4, 9);
-  tvm_mark(i, kSsG);  // remote PV done, refill issued
-  if (i + 3 < x.n) ss_first_qk<4>(x, s, rope, i + 3);
-  tvm_mark(i, kSsEnd);  // S of tile i + 3 done
-}
-
-#endif  // KDB_SEESAW_LATE_P0
 
 // Grid (row tiles, splits, batch), 256 threads, one CTA per SM.
 template <bool kSplit>

@@ -17,9 +17,9 @@ constexpr int kSsOffPOdd = 8 * kColBlockBytes;
 constexpr int kSsOffBar = kSmemUsed;
 constexpr int kSsSmemBytes = kSmemUsed + 2 * 9 * 8 + 1024;  // 231,568 B
 static_assert(kSsSmemBytes <= 232448, "H100/H200 allow 232,448 B of shared memory per block");
-constexpr int kSsBarM0 = 5;   // warpgroup 0 -> 1: m of the even tile in max[0]
-constexpr int kSsBarM1 = 6;   // 1 -> 0: m of the odd tile in max[1] and the odd tile's P in smem
-constexpr int kSsBarP0 = 7;   // 0 -> 1: the even tile's P, rescaled to the pair's max, in smem (-DKDB_SEESAW_LATE_P0)
+constexpr int kSsBarM0 = 5;   // warpgroup 0 -> 1: m of the even tile in max[0] and its P in smem
+constexpr int kSsBarM1 = 6;   // 1 -> 0: m of the odd tile in max[1] and its P in smem
+constexpr int kSsBarF0 = 7;   // 1 -> 0: warpgroup 1's PV on the even tile's P is done, its smem may be rewritten
 constexpr int kSsBarS0 = 8;   // 0 -> 1: S of the next even tile is done, the next odd tile's QK may start
 constexpr int kSsBarWg = 9;   // + wg, 128 threads: the warpgroup's zero fill of a tail tile is done
 
