@@ -154,7 +154,8 @@ int main(int argc, char** argv) {
     run_shape(32, 64, 9, 16384, path, rng, true);
     return 0;
   }
-  run_shape(2, 16, 65, 300, path, rng);    // no split, many row tiles
+  run_shape(4, 64, 65, 300, path, rng);    // no split (260 CTAs), pairs of tiles with a tail
+  run_shape(2, 16, 65, 300, path, rng);    // split, many row tiles
   run_shape(1, 8, 17, 4097, path, rng);    // split-KV, few rows
   run_shape(3, 8, 9, 191, path, rng);      // ragged small
   return 0;

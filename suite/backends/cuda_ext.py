@@ -70,3 +70,8 @@ def prepare_tree_verify_mla(q, kv, past_lens, anc, scale: float, dc: int = 512, 
 def prepare_tree_verify_mla_mma(q, kv, past_lens, anc, scale: float, dc: int = 512):
     """As prepare_tree_verify_mla, pinned to the mma.sync path (backend cuda_mma)."""
     return prepare_tree_verify_mla(q, kv, past_lens, anc, scale, dc, impl="mma")
+
+
+def prepare_tree_verify_mla_seesaw(q, kv, past_lens, anc, scale: float, dc: int = 512):
+    """As prepare_tree_verify_mla, pinned to the v4 seesaw path (backend cuda_seesaw; compute capability 9.0)."""
+    return prepare_tree_verify_mla(q, kv, past_lens, anc, scale, dc, impl="seesaw")

@@ -96,6 +96,8 @@ ENTRIES = (
             ops=((_VERIFY, _B + "cuda_ext:prepare_tree_verify_mla"),)),
     Backend("cuda_mma", "ours", _MLA, ("kernel",), "cuda", "", "kdbench kernel, mma.sync path",
             _cuda_extension, ops=((_VERIFY, _B + "cuda_ext:prepare_tree_verify_mla_mma"),)),
+    Backend("cuda_seesaw", "ours", _MLA, ("kernel",), "cuda", "", "kdbench kernel, v4 seesaw path (TMA, sm_90a)",
+            _cuda_extension, ops=((_VERIFY, _B + "cuda_ext:prepare_tree_verify_mla_seesaw"),)),
     Backend("flashinfer_cascade", "peer", _MLA, ("kernel",), "cuda", "",
             "FlashInfer MLA over the prefix + torch tree block + merge_state", _flashinfer,
             ops=((_VERIFY, _B + "flashinfer_mla:prepare_cascade"),)),
