@@ -62,9 +62,7 @@ __device__ __forceinline__ void ss_pair_wg0_next(const SsCtx& x, int i, float (&
   pp_fence_regs(acc, pa);
   ss_fence_s(s);
   if (i + 2 < x.n) {
-#ifndef KDB_SEESAW_M1_LATE
     named_sync(kSsBarF0, 2 * 128);  // warpgroup 1 read P_i: the next pair's P may overwrite it
-#endif
     named_arrive(kSsBarS0, 2 * 128);  // the odd tile's QK now runs under this tile's softmax
   }
   tvm_mark(i, kSsEnd);
@@ -132,25 +130,16 @@ __device__ __forceinline__ void ss_pair_wg1(const SsCtx& x, int i, float (&s)[8]
   }
   for (int h = 0; h < 2; ++h) m_new[h] = fmaxf(m_new[h], mx[h]), base[h] = m_new[h] == -INFINITY ? 0.f : m_new[h];
   if (has1) ss_exp(s, pa, lsum, base, x.smem + kSsOffPOdd, x.row, c);
-#ifndef KDB_SEESAW_M1_LATE
   if (c == 0) s_max[kBlockM + x.row[0]] = m_new[0], s_max[kBlockM + x.row[1]] = m_new[1];
   fence_proxy_async_smem();  // P_{i+1} is read by warpgroup 0's wgmma
   named_arrive(kSsBarM1, 2 * 128);  // before the wait below: warpgroup 0 needs m1 and P_{i+1}, not O_R
-#endif
   tvm_mark(i, kSsC);  // softmax done
   wgmma_wait<0>();  // O_R += P_i V_i done: stage 0's columns 256..575 are free, and so is P_i's smem
   pp_fence_regs(acc, pa);
   if (i + 2 < x.n && loader) ss_load(x.sp, ss_tile(x.s_base, x.t_begin, i + 2), x.b, 4, 9);
-#ifndef KDB_SEESAW_M1_LATE
   if (i + 2 < x.n) named_arrive(kSsBarF0, 2 * 128);
-#endif
   rescale(acc, st, m_new, base);
   st.l[0] += lsum[0], st.l[1] += lsum[1];
-#ifdef KDB_SEESAW_M1_LATE
-  if (c == 0) s_max[kBlockM + x.row[0]] = st.m[0], s_max[kBlockM + x.row[1]] = st.m[1];
-  fence_proxy_async_smem();  // P_{i+1} is read by warpgroup 0's wgmma
-  named_arrive(kSsBarM1, 2 * 128);
-#endif
   tvm_mark(i, kSsD);  // m1 and P_{i+1} published
   if (has1) {
     pp_pv_issue_regs(acc, pa, k1.stage, 1);
