@@ -142,12 +142,26 @@ __device__ __forceinline__ void reg_fence(uint32_t& v) { asm volatile("" : "+r"(
 // bar.arrive (no wait) orders the same accesses per the PTX ISA, but compute-sanitizer racecheck seems not to model
 // the arrive -> sync edge (7-8 reported hazards, 0 with bar.sync), and on the H200 bar.sync cost -0.3 .. +1.0 %
 // (two calls, plans/0004, 2026-12-01 s3). -DKDB_PINGPONG_BAR_ARRIVE builds the arrive form for that A/B.
-#ifdef KDB_PINGPONG_BAR_ARRIVE
-__device__ __forceinline__ void named_signal(int id, int n) { asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(n) : "memory"); }
-#else
-__device__ __forceinline__ void named_signal(int id, int n) { asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory"); }
+// -DKDB_TVM_JITTER (reports/h200/racecheck_pingpong.cu `jitter`): a pseudo-random sleep of 0..1.5 us per warp before
+// and after every named barrier, so the warpgroups' relative timing varies run to run; outputs that change with it
+// would reveal an ordering the barriers do not enforce (plans/0004, "Design v4"). A no-op otherwise.
+__device__ __forceinline__ void barrier_jitter() {
+#ifdef KDB_TVM_JITTER
+  const unsigned r = (static_cast<unsigned>(clock()) * 2654435761u) >> 28;  // warp-uniform: one clock read per warp
+  __nanosleep(100 * r);
 #endif
-__device__ __forceinline__ void named_sync(int id, int n) { asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory"); }
+}
+__device__ __forceinline__ void bar_sync_raw(int id, int n) { asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory"); }
+#ifdef KDB_PINGPONG_BAR_ARRIVE
+__device__ __forceinline__ void named_signal(int id, int n) {
+  barrier_jitter();
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(n) : "memory");
+  barrier_jitter();
+}
+#else
+__device__ __forceinline__ void named_signal(int id, int n) { barrier_jitter(); bar_sync_raw(id, n); barrier_jitter(); }
+#endif
+__device__ __forceinline__ void named_sync(int id, int n) { barrier_jitter(); bar_sync_raw(id, n); barrier_jitter(); }
 
 // d[64 x 64] (+)= A[64 x 16] . B[16 x 64] for one warpgroup, A and B through shared-memory descriptors (both
 // K-major); d[j][e] is the m16n8 C-fragment layout per n8 block j. scale_d = 0 overwrites d, 1 accumulates.

@@ -56,11 +56,13 @@ __device__ __forceinline__ void tma_load_2d(uint32_t dst, const void* map, int x
 // (the same order of barrier operations on both sides, so no deadlock): compute-sanitizer racecheck does not seem
 // to model arrive -> sync (plans/0004, 2026-12-01 s2), so racecheck runs on that build.
 __device__ __forceinline__ void named_arrive(int id, int n) {
+  barrier_jitter();
 #ifdef KDB_RACECHECK_ARRIVE_AS_SYNC
-  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory");
+  bar_sync_raw(id, n);
 #else
   asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(n) : "memory");
 #endif
+  barrier_jitter();
 }
 
 // d[64 x 64] (+)= A[64 x 16] . B[16 x 64] for one warpgroup, A from registers (the m16n8k16 A-fragment layout, as

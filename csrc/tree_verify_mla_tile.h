@@ -60,7 +60,9 @@ __device__ __forceinline__ void tvm_mark(int, int) {}
 
 // Barrier for the two warps that own the same 16 rows (64 threads); ids 1..4, id 0 is __syncthreads.
 __device__ __forceinline__ void pair_sync(int row_group) {
-  asm volatile("bar.sync %0, 64;\n" ::"r"(row_group + 1) : "memory");
+  barrier_jitter();
+  bar_sync_raw(row_group + 1, 64);
+  barrier_jitter();
 }
 
 // Roles. Both paths split a tile's work in two column halves ch: tokens [32 ch, 32 ch + 32) for S = Q K^T and

@@ -5,6 +5,8 @@
 // bar.sync as an edge. Usage: racecheck_pingpong {mma|wgmma|pingpong} [time]
 // `time`: the three shapes whose 1.25x-over-the-cascade target is missed, CUDA events (3 warm-up, median of 15),
 // so the two builds' cost can be compared. Paths: mma, wgmma, pingpong (default) and seesaw (v4).
+// Every run prints a hash of all output bits; built with -DKDB_TVM_JITTER (random sleeps around every named barrier),
+// repeated runs must print the hashes of the plain build (plans/0004, "Design v4").
 // `trace` (build with -DKDB_TVM_TRACE): per-phase timestamps of one CTA in the middle of the grid (thread 0 of each
 // warpgroup, SM clock) on those three shapes plus B 8 H 128 T 257: the median of each phase's end, in cycles after
 // the step's start, over the steady tiles, and the median step (two tiles) per warpgroup.
@@ -128,10 +130,19 @@ static void run_shape(int b, int h, int t, int past, kdb::TvmPath path, std::mt1
   (void)traced;
 #endif
   std::vector<float> lse(size_t(b) * t * h);
+  std::vector<uint16_t> o(size_t(b) * t * h * 512);
   cudaMemcpy(lse.data(), dlse, lse.size() * 4, cudaMemcpyDeviceToHost);
+  cudaMemcpy(o.data(), dout, o.size() * 2, cudaMemcpyDeviceToHost);
   double sum = 0;
   for (int i = 0; i < b * t * h; ++i) if ((i / h) % t != t - 1) sum += lse[i];   // padding rows are -inf
-  std::printf("B %d H %d T %d past %d splits %d: sum of lse %.6f\n", b, h, t, past, splits, sum);
+  uint64_t fnv = 1469598103934665603ull;  // FNV-1a over every output bit: o_lat, then lse
+  auto mix = [&fnv](const void* p, size_t n) {
+    for (size_t i = 0; i < n; ++i) fnv = (fnv ^ static_cast<const uint8_t*>(p)[i]) * 1099511628211ull;
+  };
+  mix(o.data(), o.size() * 2);
+  mix(lse.data(), lse.size() * 4);
+  std::printf("B %d H %d T %d past %d splits %d: sum of lse %.6f, output hash %016llx\n", b, h, t, past, splits, sum,
+              static_cast<unsigned long long>(fnv));
   cudaFree(dq); cudaFree(dkv); cudaFree(dpl); cudaFree(danc); cudaFree(dout); cudaFree(dlse); if (dws) cudaFree(dws);
 }
 
