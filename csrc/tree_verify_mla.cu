@@ -1,9 +1,10 @@
 // tree_verify_mla: absorbed MLA attention under a tree ancestor mask, bf16 tensor cores, fp32 softmax.
 // One CTA = 64 query rows (row = node * H + head) x one KV split; each 64-token x 576 KV tile is loaded once
-// into shared memory and read both as K (576 columns) and V (first 512). Three MMA paths over one smem layout:
-// wgmma ping-pong (sm_90a, the default there: tree_verify_mla_pingpong.h), wgmma lock-step (sm_90a, v2) and
-// mma.sync (sm_80+ instructions, eight warps); all need 231,424 B of shared memory per block (H100/H200
-// class). Shared helpers: tree_verify_mla_tile.h. Design: plans/0004-kernels.md.
+// into shared memory and read both as K (576 columns) and V (first 512). Four MMA paths over one smem layout:
+// the wgmma seesaw with TMA loads (sm_90a, the default there: tree_verify_mla_seesaw.h), the wgmma ping-pong
+// (sm_90a, v3: tree_verify_mla_pingpong.h), wgmma lock-step (sm_90a, v2) and mma.sync (sm_80+ instructions, eight
+// warps); all need ~231 KB of shared memory per block (H100/H200 class). Shared helpers: tree_verify_mla_tile.h.
+// Design: plans/0004-kernels.md.
 #include "tree_verify_mla.h"
 
 #include "ptx_mma.h"

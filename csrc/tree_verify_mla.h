@@ -19,8 +19,8 @@ struct TreeVerifyMlaShape {
   int words;      // W = ceil(T / 64) ancestor words per node
 };
 
-// Which MMA path runs: the sm_90a seesaw with TMA loads (v4), the sm_90a warpgroup-MMA ping-pong (v3, the default
-// on H100/H200), the sm_90a lock-step wgmma (v2), or mma.sync (sm_80+ instructions, v1).
+// Which MMA path runs: the sm_90a seesaw with TMA loads (v4, the default on H100/H200), the sm_90a warpgroup-MMA
+// ping-pong (v3), the sm_90a lock-step wgmma (v2), or mma.sync (sm_80+ instructions, v1).
 enum class TvmPath { kMma = 0, kWgmma = 1, kPingPong = 2, kSeesaw = 3 };
 
 struct TreeVerifyMlaArgs {

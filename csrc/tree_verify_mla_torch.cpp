@@ -62,8 +62,8 @@ TreeVerifyMlaShape check_shapes(const at::Tensor& q, const at::Tensor& kv, const
                             static_cast<int>(kv.size(1)), static_cast<int>(words)};
 }
 
-// "auto" takes the wgmma ping-pong where it exists (compute capability 9.0: the extension is built for sm_90a
-// there), else mma.sync; "seesaw" is v4 (TMA loads, seesaw schedule), "wgmma" the v2 lock-step path, kept for A/B.
+// "auto" takes v4, the seesaw with TMA loads, where it exists (compute capability 9.0: the extension is built for
+// sm_90a there), else mma.sync; "pingpong" is v3 and "wgmma" the v2 lock-step path, both kept for A/B.
 TvmPath pick_path(const std::string& impl, int dev) {
   int major = 0, minor = 0;
   C10_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
@@ -74,8 +74,8 @@ TvmPath pick_path(const std::string& impl, int dev) {
   TORCH_CHECK(impl == "auto" || impl == "mma" || sm90, "tree_verify_mla: impl '", kdb::fmt(impl),
               "' needs compute capability 9.0 (H100/H200), got ", kdb::fmt(major), ".", kdb::fmt(minor));
   if (impl == "mma" || (impl == "auto" && !sm90)) return TvmPath::kMma;
-  if (impl == "seesaw") return TvmPath::kSeesaw;
-  return impl == "wgmma" ? TvmPath::kWgmma : TvmPath::kPingPong;
+  if (impl == "pingpong") return TvmPath::kPingPong;
+  return impl == "wgmma" ? TvmPath::kWgmma : TvmPath::kSeesaw;
 }
 
 }  // namespace

@@ -45,7 +45,7 @@ def test_family_modules_implement_the_protocol(family):
 
 
 def test_roles_and_gating():
-    assert registry.names("ours") == ("cuda", "cuda_mma", "cuda_seesaw", "moe_triton")
+    assert registry.names("ours") == ("cuda", "cuda_mma", "cuda_pingpong", "moe_triton")
     assert set(registry.names("peer")) == {"flashinfer_cascade", "flashinfer_prefix", "flashinfer_causal",
                                            "moe_flashinfer"}
     assert gates("kernel", "moe_triton") and not gates("kernel", "moe_grouped") and not gates("kernel", "moe_flashinfer")

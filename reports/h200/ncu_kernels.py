@@ -1,5 +1,5 @@
 """One launch each of the kernels whose targets are missed (plans/0004, issues 15 and 16), for Nsight Compute:
-tree_verify_mla (ping-pong, the default) at B16 H64 T65 ctx8K (compute-bound) and the two T = 9 long-context
+tree_verify_mla (ping-pong, the default until 2026-12-01 s6) at B16 H64 T65 ctx8K (compute-bound) and the two T = 9 long-context
 shapes; the tree_build vocabulary pass, merge and builder at B 32 / budget 256, B 1 / budget 64 and B 8 / budget 64 (V 163840);
 kv_compact at the bench shapes B 64 / 128 (61 layers); the Triton MoE experts of kimi-k2-slice-2's shape at 1, 8 and
 520 rows (128 experts, below). Every input is random (seeded); nothing is timed here: ncu replays each kernel for its counters.

@@ -4,7 +4,7 @@
 // form shipped until 2026-12-01 s3). racecheck flags the arrive build only: it does not treat bar.arrive ->
 // bar.sync as an edge. Usage: racecheck_pingpong {mma|wgmma|pingpong} [time]
 // `time`: the three shapes whose 1.25x-over-the-cascade target is missed, CUDA events (3 warm-up, median of 15),
-// so the two builds' cost can be compared. Paths: mma, wgmma, pingpong (default) and seesaw (v4).
+// so the two builds' cost can be compared. Paths: mma, wgmma, pingpong (the default here) and seesaw (v4, the extension's default on sm_90).
 // Every run prints a hash of all output bits; built with -DKDB_TVM_JITTER (random sleeps around every named barrier),
 // repeated runs must print the hashes of the plain build (plans/0004, "Design v4").
 // `trace` (build with -DKDB_TVM_TRACE): per-phase timestamps of one CTA in the middle of the grid (thread 0 of each

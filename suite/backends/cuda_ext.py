@@ -54,8 +54,8 @@ def kv_compact(cache: torch.Tensor, past_lens: torch.Tensor, accepted: torch.Ten
 def tree_verify_mla(q: torch.Tensor, kv: torch.Tensor, past_lens: torch.Tensor, anc: torch.Tensor,
                     scale: float, impl: str = "auto") -> tuple[torch.Tensor, torch.Tensor]:
     """q [B, T, H, 576] bf16, kv [B, S, 576] bf16, past_lens [B] i32, anc [B, T, W] i64 -> (o_lat, lse).
-    impl: "auto" (the wgmma ping-pong on sm_90, else mma.sync), "seesaw" (v4: TMA loads, seesaw schedule),
-    "pingpong", "wgmma" (v2 lock-step wgmma) or "mma" (the backend `cuda_mma` pins the latter)."""
+    impl: "auto" (v4, the seesaw with TMA loads, on sm_90, else mma.sync), "seesaw", "pingpong" (v3; the backend
+    `cuda_pingpong` pins it), "wgmma" (v2 lock-step wgmma) or "mma" (the backend `cuda_mma` pins it)."""
     o_lat, lse = load().tree_verify_mla(q, kv, past_lens, anc, float(scale), impl)
     return o_lat, lse
 
@@ -72,6 +72,6 @@ def prepare_tree_verify_mla_mma(q, kv, past_lens, anc, scale: float, dc: int = 5
     return prepare_tree_verify_mla(q, kv, past_lens, anc, scale, dc, impl="mma")
 
 
-def prepare_tree_verify_mla_seesaw(q, kv, past_lens, anc, scale: float, dc: int = 512):
-    """As prepare_tree_verify_mla, pinned to the v4 seesaw path (backend cuda_seesaw; compute capability 9.0)."""
-    return prepare_tree_verify_mla(q, kv, past_lens, anc, scale, dc, impl="seesaw")
+def prepare_tree_verify_mla_pingpong(q, kv, past_lens, anc, scale: float, dc: int = 512):
+    """As prepare_tree_verify_mla, pinned to the v3 ping-pong path (backend cuda_pingpong; compute capability 9.0)."""
+    return prepare_tree_verify_mla(q, kv, past_lens, anc, scale, dc, impl="pingpong")
