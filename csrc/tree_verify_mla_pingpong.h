@@ -82,37 +82,11 @@ __device__ __forceinline__ void pp_softmax_publish(float (&s)[8][4], float (&acc
                                                    RowState& st, const uint64_t (&vis)[2], bool masked,
                                                    float scale_log2, uint8_t* smem, int i, Role w, const int (&row)[2]) {
   const int c = w.lane & 3;
-  float mx[2] = {-INFINITY, -INFINITY};
-#pragma unroll
-  for (int j = 0; j < 8; ++j) {
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const int h = e >> 1, col = 8 * j + 2 * c + (e & 1);
-      const float x = s[j][e] * scale_log2;
-      s[j][e] = (!masked || ((vis[h] >> col) & 1)) ? x : -INFINITY;  // select, never multiply by 0
-      mx[h] = fmaxf(mx[h], s[j][e]);
-    }
-  }
-  float m_new[2], base[2];
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
-    mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
-    m_new[h] = fmaxf(st.m[h], mx[h]);
-  }
+  float mx[2], m_new[2], base[2];
+  softmax_scores(s, vis, masked, scale_log2, c, mx);
+  for (int h = 0; h < 2; ++h) m_new[h] = fmaxf(st.m[h], mx[h]);
   rescale(acc, st, m_new, base);
-  uint8_t* p_tile = smem + kOffP;
-#pragma unroll
-  for (int j = 0; j < 8; ++j) {
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const float p0 = exp2f(s[j][2 * h] - base[h]), p1 = exp2f(s[j][2 * h + 1] - base[h]);
-      st.l[h] += p0 + p1;
-      const __nv_bfloat162 pk = __floats2bfloat162_rn(p0, p1);
-      pa[j >> 1][2 * (j & 1) + h] = *reinterpret_cast<const uint32_t*>(&pk);  // k16 step j/2: a0 a1 | a2 a3
-      *reinterpret_cast<__nv_bfloat162*>(p_tile + tile_off(row[h], j) + 4 * c) = pk;
-    }
-  }
+  softmax_exp(s, pa, st.l, base, smem + kOffP, row, c);
   __syncwarp();  // every lane of the quad read s_max (pp_take_remote) before lane c = 0 overwrites it
   float* s_max = reinterpret_cast<float*>(smem + kOffMax);
   if (c == 0) s_max[row[0]] = st.m[0], s_max[row[1]] = st.m[1];

@@ -96,45 +96,6 @@ __device__ __forceinline__ void ss_load_rope(uint32_t (&rope)[4][4], uint32_t q,
     ldsm_x4(rope[kk], q + 8 * kColBlockBytes + tile_off(16 * w.rg + (w.lane & 15), 2 * kk + (w.lane >> 4)));
 }
 
-// Scales S to log2 units and masks it (tail tiles); returns the quad's row maxima.
-__device__ __forceinline__ void ss_scores(float (&s)[8][4], const uint64_t (&vis)[2], bool masked, float scale_log2,
-                                          int c, float (&mx)[2]) {
-  mx[0] = mx[1] = -INFINITY;
-#pragma unroll
-  for (int j = 0; j < 8; ++j) {
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const int h = e >> 1, col = 8 * j + 2 * c + (e & 1);
-      const float x = s[j][e] * scale_log2;
-      s[j][e] = (!masked || ((vis[h] >> col) & 1)) ? x : -INFINITY;  // select, never multiply by 0
-      mx[h] = fmaxf(mx[h], s[j][e]);
-    }
-  }
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
-    mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
-  }
-}
-
-// P = exp2(S - base) in place (fp32) and as bf16 A fragments; adds the row sums to l. With `p_smem` also into
-// that P tile (the 64 x 64 swizzled layout) for the other warpgroup.
-__device__ __forceinline__ void ss_exp(float (&s)[8][4], uint32_t (&pa)[4][4], float (&l)[2], const float (&base)[2],
-                                       uint8_t* p_smem, const int (&row)[2], int c) {
-#pragma unroll
-  for (int j = 0; j < 8; ++j) {
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const float p0 = exp2f(s[j][2 * h] - base[h]), p1 = exp2f(s[j][2 * h + 1] - base[h]);
-      s[j][2 * h] = p0, s[j][2 * h + 1] = p1;
-      l[h] += p0 + p1;
-      const __nv_bfloat162 pk = __floats2bfloat162_rn(p0, p1);
-      pa[j >> 1][2 * (j & 1) + h] = *reinterpret_cast<const uint32_t*>(&pk);
-      if (p_smem) *reinterpret_cast<__nv_bfloat162*>(p_smem + tile_off(row[h], j) + 4 * c) = pk;
-    }
-  }
-}
-
 // The tile's visibility words for the thread's two rows (only tail tiles, which reach the tree rows, need them).
 __device__ __forceinline__ bool ss_vis(const Params& p, int t, int past, const uint64_t* const (&anc_row)[2],
                                        uint64_t (&vis)[2]) {

@@ -148,6 +148,46 @@ __device__ __forceinline__ void rescale(float (&acc)[32][4], RowState& st, const
   }
 }
 
+// Scales S to log2 units and masks it (tail tiles: select, never multiply by 0); returns the quad's row maxima.
+__device__ __forceinline__ void softmax_scores(float (&s)[8][4], const uint64_t (&vis)[2], bool masked,
+                                               float scale_log2, int c, float (&mx)[2]) {
+  mx[0] = mx[1] = -INFINITY;
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int h = e >> 1, col = 8 * j + 2 * c + (e & 1);
+      const float x = s[j][e] * scale_log2;
+      s[j][e] = (!masked || ((vis[h] >> col) & 1)) ? x : -INFINITY;
+      mx[h] = fmaxf(mx[h], s[j][e]);
+    }
+  }
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
+    mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
+  }
+}
+
+// P = exp2(S - base): in place over S (fp32; the seesaw's ptxas serializes its wgmmas when S stays live instead,
+// C7515), as bf16 A fragments of the PV wgmma (k16 step j / 2: a0 a1 | a2 a3) and into the 64 x 64 P tile in smem for
+// the other warpgroup; adds the row sums to l.
+__device__ __forceinline__ void softmax_exp(float (&s)[8][4], uint32_t (&pa)[4][4], float (&l)[2],
+                                            const float (&base)[2], uint8_t* p_tile, const int (&row)[2], int c) {
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const float p0 = exp2f(s[j][2 * h] - base[h]), p1 = exp2f(s[j][2 * h + 1] - base[h]);
+      s[j][2 * h] = p0, s[j][2 * h + 1] = p1;
+      l[h] += p0 + p1;
+      const __nv_bfloat162 pk = __floats2bfloat162_rn(p0, p1);
+      pa[j >> 1][2 * (j & 1) + h] = *reinterpret_cast<const uint32_t*>(&pk);
+      *reinterpret_cast<__nv_bfloat162*>(p_tile + tile_off(row[h], j) + 4 * c) = pk;
+    }
+  }
+}
+
 // The KV tiles split `split` of request b attends: cache rows [0, kv_end) (later rows never load), tiles
 // [t_begin, t_end) of them (an empty range for an empty split).
 struct SplitTiles {
