@@ -1,6 +1,6 @@
 // tree_verify_mla v4 (sm_90a), the seesaw path's building blocks: smem map, barrier ids, TMA loads of KV tiles
-// block by block, the tail-tile zero fill, QK over a range of column blocks, the rope fragments, visibility. The schedule that
-// uses them: csrc/tree_verify_mla_seesaw.h; plans/0004.
+// block by block, the tail-tile zero fill, QK over a range of column blocks, the rope fragments, visibility.
+// The schedule that uses them: csrc/tree_verify_mla_seesaw.h; plans/0004.
 #pragma once
 #include <cuda.h>  // CUtensorMap (a type only; the launcher encodes it through the runtime's driver entry point)
 
