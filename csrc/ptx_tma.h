@@ -1,6 +1,7 @@
 // PTX wrappers for tree_verify_mla's seesaw path (v4, sm_90a): mbarriers, 2D tensor-memory-accelerator (TMA)
 // loads that complete on an mbarrier, the non-waiting named-barrier arrive, and the 64-wide wgmma with A from
-// registers. Elsewhere the wrappers trap (the launcher never selects the path there). Included by csrc/*.cu only.
+// registers. Elsewhere the init, the TMA load and the wgmma trap, the other mbarrier wrappers compile to nothing
+// (the launcher never selects the path there). Included by csrc/*.cu only.
 #pragma once
 #include "ptx_mma.h"
 

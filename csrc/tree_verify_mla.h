@@ -25,7 +25,8 @@ enum class TvmPath { kMma = 0, kWgmma = 1, kPingPong = 2, kSeesaw = 3 };
 
 struct TreeVerifyMlaArgs {
   const __nv_bfloat16* q;   // [B, T, H, 576] contiguous
-  const __nv_bfloat16* kv;  // [B, S, 576] contiguous; rows >= past_len + T are never read
+  const __nv_bfloat16* kv;  // [B, S, 576] contiguous; rows >= past_len + T never reach the outputs (the seesaw's
+                            // TMA boxes read up to 63 of them, within the tensor, and zero their V columns)
   const int32_t* past_lens; // [B]
   const uint64_t* anc;      // [B, T, W]; bit j%64 of word j/64: node j is ancestor-or-self; all zero = padding
   __nv_bfloat16* o_lat;     // [B, T, H, 512] output

@@ -106,9 +106,9 @@ __device__ __forceinline__ void ss_pair_wg0(const SsCtx& x, int i, float (&s)[8]
 }
 
 // Warpgroup 1, pair (i, i + 1), S of tile i + 1 in s (when it exists): O_R to m0, O_R += P_i V_i (P from smem);
-// softmax at m1 = max(m0, row max); once that PV is done, refill stage 0's columns 256..575 with tile i + 2, O_R to
-// m1, m1 and P_{i+1} (smem) to warpgroup 0, O_R += P_{i+1} V_{i+1} (registers); refill stage 1's columns 256..575
-// with tile i + 3 once that is done; S of tile i + 3 (its own refill first).
+// softmax at m1 = max(m0, row max), m1 and P_{i+1} (smem) to warpgroup 0 (M1); once that PV is done, refill stage 0's
+// columns 256..575 with tile i + 2 and free P_i's smem (F0), O_R to m1, O_R += P_{i+1} V_{i+1} (registers); refill
+// stage 1's columns 256..575 with tile i + 3 once that is done; after S0, S of tile i + 3 (its own refill first).
 __device__ __forceinline__ void ss_pair_wg1(const SsCtx& x, int i, float (&s)[8][4], float (&acc)[32][4],
                                             uint32_t (&pa)[4][4], const uint32_t (&rope)[4][4], RowState& st) {
   const SsTile k0 = ss_tile(x.s_base, x.t_begin, i), k1 = ss_tile(x.s_base, x.t_begin, i + 1);
@@ -140,7 +140,7 @@ __device__ __forceinline__ void ss_pair_wg1(const SsCtx& x, int i, float (&s)[8]
   if (i + 2 < x.n) named_arrive(kSsBarF0, 2 * 128);
   rescale(acc, st, m_new, base);
   st.l[0] += lsum[0], st.l[1] += lsum[1];
-  tvm_mark(i, kSsD);  // m1 and P_{i+1} published
+  tvm_mark(i, kSsD);  // P_i's PV done, refill issued, O_R at m1
   if (has1) {
     pp_pv_issue_regs(acc, pa, k1.stage, 1);
     wgmma_wait<0>();  // O_R += P_{i+1} V_{i+1} done: stage 1's columns 256..575 are free

@@ -1,6 +1,6 @@
-// tree_verify_mla device helpers shared by the three MMA paths (mma.sync, wgmma lock-step, wgmma ping-pong):
+// tree_verify_mla device helpers shared by the four MMA paths (mma.sync, wgmma lock-step, ping-pong, seesaw):
 // tile geometry and shared-memory map, kernel parameters, the swizzled tile loader, the tree-mask visibility
-// word and the epilogue. Device code only; included by csrc/tree_verify_mla.cu (plans/0004-kernels.md).
+// word, the softmax pieces and the epilogue. Device code only; included by csrc/tree_verify_mla.cu (plans/0004-kernels.md).
 #pragma once
 #include "ptx_mma.h"
 #include "tree_verify_mla.h"
