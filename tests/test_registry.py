@@ -79,6 +79,17 @@ def test_unavailable_reasons_on_cpu():
     assert registry.available("nope", "cpu") == (False, "unknown backend 'nope'")
 
 
+@pytest.mark.parametrize("cap, reason", [((9, 0), None), ((12, 0), "needs compute capability 9.0"),
+                                          ((8, 0), "this GPU is 8.0")])
+def test_sm90_pinned_backend_is_skipped_elsewhere(monkeypatch, cap, reason):
+    """cuda_pingpong pins sm_90a code: on other GPUs its rows are skipped with the reason, not failed."""
+    import torch
+    monkeypatch.setattr(registry, "_cuda_extension", lambda: None)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: cap)
+    why = registry.BACKENDS["cuda_pingpong"].why_unavailable()
+    assert why is None if reason is None else reason in why
+
+
 def test_missing_flashinfer_says_how_to_install(monkeypatch):
     from kdbench.backends import flashinfer_mla
     monkeypatch.setitem(sys.modules, "flashinfer", None)   # import flashinfer raises ImportError

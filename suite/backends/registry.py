@@ -53,6 +53,18 @@ def _cuda_extension() -> str | None:
     return cuda_build.unavailable_reason()
 
 
+def _cuda_sm90() -> str | None:
+    """The extension, on compute capability 9.0: the paths pinned to sm_90a code (wgmma, TMA) exist only there."""
+    reason = _cuda_extension()
+    if reason is not None:
+        return reason
+    import torch   # noqa: PLC0415
+    cap = torch.cuda.get_device_capability()
+    if tuple(cap) != (9, 0):
+        return f"pinned to an sm_90a path: needs compute capability 9.0 (H100/H200), this GPU is {cap[0]}.{cap[1]}"
+    return None
+
+
 def _cpu_heap() -> str | None:
     try:
         importlib.import_module("kdbench._cpu_heap")   # built by pip install from csrc/tree_build_cpu.cpp
@@ -97,7 +109,7 @@ ENTRIES = (
     Backend("cuda_mma", "ours", _MLA, ("kernel",), "cuda", "", "kdbench kernel, mma.sync path",
             _cuda_extension, ops=((_VERIFY, _B + "cuda_ext:prepare_tree_verify_mla_mma"),)),
     Backend("cuda_pingpong", "ours", _MLA, ("kernel",), "cuda", "", "kdbench kernel, v3 ping-pong path (sm_90a)",
-            _cuda_extension, ops=((_VERIFY, _B + "cuda_ext:prepare_tree_verify_mla_pingpong"),)),
+            _cuda_sm90, ops=((_VERIFY, _B + "cuda_ext:prepare_tree_verify_mla_pingpong"),)),
     Backend("flashinfer_cascade", "peer", _MLA, ("kernel",), "cuda", "",
             "FlashInfer MLA over the prefix + torch tree block + merge_state", _flashinfer,
             ops=((_VERIFY, _B + "flashinfer_mla:prepare_cascade"),)),
