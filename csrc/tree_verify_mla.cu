@@ -7,6 +7,7 @@
 // Design: plans/0004-kernels.md.
 #include "tree_verify_mla.h"
 
+#include "common.h"
 #include "ptx_mma.h"
 #include "tree_verify_mla_pingpong.h"
 #include "tree_verify_mla_seesaw.h"
@@ -196,12 +197,8 @@ __global__ void __launch_bounds__(kThreads, 1) tree_verify_mla_kernel(const Para
     } else {
       qk_tile_mma(s, s_base, kv_tile, w);
     }
-    const bool masked = (t + 1) * kBlockN > past;  // tile reaches the tree rows (or the unused tail)
-    uint64_t vis[2] = {0, 0};
-    if (masked) {
-#pragma unroll
-      for (int h = 0; h < 2; ++h) vis[h] = tile_visibility(anc_row[h], p.words, p.nodes, t * kBlockN - past);
-    }
+    uint64_t vis[2];
+    const bool masked = tile_mask(p, t, past, anc_row, vis);
     softmax_tile<kWgmma>(s, acc, st, vis, masked, p.scale_log2, smem, w);
     if constexpr (kWgmma) {
       pv_tile_wgmma(acc, s_base + kOffP, kv_tile, w);
@@ -257,7 +254,7 @@ namespace {
 // The seesaw path's tensor map of the cache: rows = batch x cache_len, 576 bf16 each, boxes of 64 x 64 with the
 // 128-byte swizzle, i.e. one smem column block. The encoder is the driver's, reached through the runtime, so the
 // extension does not link libcuda. Rows past the map's end load as zeros.
-cudaError_t encode_kv_map(CUtensorMap* map, const __nv_bfloat16* kv, const TreeVerifyMlaShape& s) {
+cudaError_t encode_kv_map(CUtensorMap* map, const __nv_bfloat16* kv, cuuint64_t rows) {
   static PFN_cuTensorMapEncodeTiled_v12000 encode = nullptr;
   if (encode == nullptr) {
     void* fn = nullptr;
@@ -266,7 +263,7 @@ cudaError_t encode_kv_map(CUtensorMap* map, const __nv_bfloat16* kv, const TreeV
     if (err != cudaSuccess || found != cudaDriverEntryPointSuccess || fn == nullptr) return cudaErrorNotSupported;
     encode = reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
   }
-  const cuuint64_t dims[2] = {kTvmDimQK, static_cast<cuuint64_t>(s.batch) * s.cache_len};
+  const cuuint64_t dims[2] = {kTvmDimQK, rows};
   const cuuint64_t strides[1] = {kTvmDimQK * sizeof(__nv_bfloat16)};
   const cuuint32_t box[2] = {64, kBlockN}, elem_strides[2] = {1, 1};
   const CUresult r = encode(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<__nv_bfloat16*>(kv), dims, strides,
@@ -277,12 +274,9 @@ cudaError_t encode_kv_map(CUtensorMap* map, const __nv_bfloat16* kv, const TreeV
 
 cudaError_t launch_seesaw(const Params& p, dim3 grid, bool split, cudaStream_t stream) {
   SeesawParams sp{p, {}};
-  const TreeVerifyMlaShape s{p.batch, p.nodes, p.heads, p.cache_len, p.words};
-  cudaError_t err = encode_kv_map(&sp.kv_map, p.kv, s);
-  if (err != cudaSuccess) return err;
+  KDB_CUDA_TRY(encode_kv_map(&sp.kv_map, p.kv, static_cast<cuuint64_t>(p.batch) * p.cache_len));
   void (*kernel)(SeesawParams) = split ? tree_verify_mla_seesaw_kernel<true> : tree_verify_mla_seesaw_kernel<false>;
-  err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSsSmemBytes);
-  if (err != cudaSuccess) return err;
+  KDB_CUDA_TRY(allow_dynamic_smem(kernel, kSsSmemBytes));
   kernel<<<grid, kThreads, kSsSmemBytes, stream>>>(sp);
   return cudaSuccess;
 }
@@ -318,19 +312,16 @@ cudaError_t tree_verify_mla_launch(const TreeVerifyMlaArgs& a, cudaStream_t stre
            s.batch, s.nodes, s.heads, s.cache_len, s.words, a.num_splits,
            static_cast<float>(a.scale * 1.4426950408889634)};
   const dim3 grid(row_tiles(s), a.num_splits, s.batch);
-  void (*kernel)(Params) = nullptr;
-  switch (a.path) {
-    case TvmPath::kSeesaw: break;
-    case TvmPath::kPingPong: kernel = split ? tree_verify_mla_pingpong_kernel<true> : tree_verify_mla_pingpong_kernel<false>; break;
-    case TvmPath::kWgmma: kernel = split ? tree_verify_mla_kernel<true, true> : tree_verify_mla_kernel<false, true>; break;
-    default: kernel = split ? tree_verify_mla_kernel<true, false> : tree_verify_mla_kernel<false, false>; break;
-  }
-  if (kernel == nullptr) {
-    const cudaError_t err = launch_seesaw(p, grid, split, stream);
-    if (err != cudaSuccess) return err;
+  if (a.path == TvmPath::kSeesaw) {
+    KDB_CUDA_TRY(launch_seesaw(p, grid, split, stream));
   } else {
-    const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
-    if (err != cudaSuccess) return err;
+    void (*kernel)(Params) = nullptr;
+    switch (a.path) {
+      case TvmPath::kPingPong: kernel = split ? tree_verify_mla_pingpong_kernel<true> : tree_verify_mla_pingpong_kernel<false>; break;
+      case TvmPath::kWgmma: kernel = split ? tree_verify_mla_kernel<true, true> : tree_verify_mla_kernel<false, true>; break;
+      default: kernel = split ? tree_verify_mla_kernel<true, false> : tree_verify_mla_kernel<false, false>; break;
+    }
+    KDB_CUDA_TRY(allow_dynamic_smem(kernel, kSmemBytes));
     kernel<<<grid, kThreads, kSmemBytes, stream>>>(p);
   }
   if (split) {

@@ -62,6 +62,11 @@ __device__ __forceinline__ void pp_fence_regs(float (&acc)[32][4], uint32_t (&pa
   for (int k = 0; k < 4; ++k) reg_fence(pa[k][0]), reg_fence(pa[k][1]), reg_fence(pa[k][2]), reg_fence(pa[k][3]);
 }
 
+__device__ __forceinline__ void pp_fence_s(float (&s)[8][4]) {
+#pragma unroll
+  for (int j = 0; j < 8; ++j) reg_fence(s[j][0]), reg_fence(s[j][1]), reg_fence(s[j][2]), reg_fence(s[j][3]);
+}
+
 // The other warpgroup's tile j: wait for its P_j and m_j, move O to m_j, issue O += P_j V_j (smem P).
 __device__ __forceinline__ void pp_take_remote(float (&acc)[32][4], uint32_t (&pa)[4][4], RowState& st,
                                                const uint8_t* smem, uint32_t s_base, int j, int wg, const int (&row)[2]) {
@@ -156,14 +161,9 @@ __global__ void __launch_bounds__(kThreads, 1) tree_verify_mla_pingpong_kernel(c
     wgmma_wait<0>();
     pp_mark(i, kEvQkDone);
     pp_fence_regs(acc, pa);
-#pragma unroll
-    for (int j = 0; j < 8; ++j) reg_fence(s[j][0]), reg_fence(s[j][1]), reg_fence(s[j][2]), reg_fence(s[j][3]);
-    const bool masked = (t + 1) * kBlockN > past;  // tile reaches the tree rows (or the unused tail)
-    uint64_t vis[2] = {0, 0};
-    if (masked) {
-#pragma unroll
-      for (int h = 0; h < 2; ++h) vis[h] = tile_visibility(anc_row[h], p.words, p.nodes, t * kBlockN - past);
-    }
+    pp_fence_s(s);
+    uint64_t vis[2];
+    const bool masked = tile_mask(p, t, past, anc_row, vis);
     pp_softmax_publish(s, acc, pa, st, vis, masked, p.scale_log2, smem, i, w, row);
     pp_mark(i, kEvPublished);
     pp_pv_issue_regs(acc, pa, own_buf, wg);

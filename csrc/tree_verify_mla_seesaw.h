@@ -6,7 +6,7 @@
 // that reads it, right after its wgmma wait. Q's rope block lives in registers; its smem holds the odd tile's P.
 // Included by csrc/tree_verify_mla.cu; the schedule, its hazards and figures: plans/0004 ("Design v4").
 #pragma once
-#include "tree_verify_mla_pingpong.h"  // pp_pv_issue_regs / _smem, pp_fence_regs
+#include "tree_verify_mla_pingpong.h"  // pp_pv_issue_regs / _smem, pp_fence_regs / _s
 #include "tree_verify_mla_seesaw_ops.h"
 
 namespace kdb {
@@ -25,21 +25,15 @@ struct SsCtx {  // what both warpgroups' pair steps read
   const uint64_t* anc_row[2];  // their anc words (null past the request)
 };
 
-__device__ __forceinline__ void ss_fence_s(float (&s)[8][4]) {
-#pragma unroll
-  for (int j = 0; j < 8; ++j) reg_fence(s[j][0]), reg_fence(s[j][1]), reg_fence(s[j][2]), reg_fence(s[j][3]);
-}
-
 // S of tile i into s (zero-filling a tail tile first), in column-block order [J0, 9) then [0, J0); waited.
 template <int J0>
 __device__ __forceinline__ void ss_first_qk(const SsCtx& x, float (&s)[8][4], const uint32_t (&rope)[4][4], int i) {
   const SsTile k = ss_tile(x.s_base, x.t_begin, i);
-  const int valid = x.kv_end - k.t * kBlockN;
-  if (valid < kBlockN) ss_zero_tail(k, valid, x.smem, x.s_base, x.w.ch);
+  ss_zero_tail(k, x.kv_end, x.smem, x.s_base, x.w.ch);
   ss_qk<J0, 9, true>(s, rope, x.s_base, k);
   if constexpr (J0 > 0) ss_qk<0, J0, false>(s, rope, x.s_base, k);
   wgmma_wait<0>();
-  ss_fence_s(s);
+  pp_fence_s(s);
 }
 
 // Warpgroup 0's end of a pair: S of tile i + 2 (stage 0), refilling stage 1's columns 0..255 with tile i + 3 as
@@ -48,8 +42,7 @@ __device__ __forceinline__ void ss_pair_wg0_next(const SsCtx& x, int i, float (&
                                                  uint32_t (&pa)[4][4], const uint32_t (&rope)[4][4]) {
   if (i + 2 < x.n) {
     const SsTile k2 = ss_tile(x.s_base, x.t_begin, i + 2);
-    const int valid = x.kv_end - k2.t * kBlockN;
-    if (valid < kBlockN) ss_zero_tail(k2, valid, x.smem, x.s_base, 0);
+    ss_zero_tail(k2, x.kv_end, x.smem, x.s_base, 0);
     ss_qk<0, 4, true>(s, rope, x.s_base, k2);
     tvm_mark(i, kSsG);  // QK blocks 0..3 issued
     wgmma_wait<4>();  // O_L += P_{i+1} V_{i+1} done: stage 1's columns 0..255 are free
@@ -60,7 +53,7 @@ __device__ __forceinline__ void ss_pair_wg0_next(const SsCtx& x, int i, float (&
   }
   wgmma_wait<0>();
   pp_fence_regs(acc, pa);
-  ss_fence_s(s);
+  pp_fence_s(s);
   if (i + 2 < x.n) {
     named_sync(kSsBarF0, 2 * 128);  // warpgroup 1 read P_i: the next pair's P may overwrite it
     named_arrive(kSsBarS0, 2 * 128);  // the odd tile's QK now runs under this tile's softmax
@@ -80,7 +73,7 @@ __device__ __forceinline__ void ss_pair_wg0(const SsCtx& x, int i, float (&s)[8]
   float* s_max = reinterpret_cast<float*>(x.smem + kOffMax);  // [wg][64]
   uint64_t vis[2];
   tvm_mark(i, kSsStart);
-  const bool masked = ss_vis(x.sp.p, k0.t, x.past, x.anc_row, vis);
+  const bool masked = tile_mask(x.sp.p, k0.t, x.past, x.anc_row, vis);
   float mx[2], m_new[2], base[2];
   softmax_scores(s, vis, masked, x.sp.p.scale_log2, c, mx);
   for (int h = 0; h < 2; ++h) m_new[h] = fmaxf(st.m[h], mx[h]);
@@ -125,7 +118,7 @@ __device__ __forceinline__ void ss_pair_wg1(const SsCtx& x, int i, float (&s)[8]
   float lsum[2] = {0.f, 0.f};
   if (has1) {
     uint64_t vis[2];
-    const bool masked = ss_vis(x.sp.p, k1.t, x.past, x.anc_row, vis);
+    const bool masked = tile_mask(x.sp.p, k1.t, x.past, x.anc_row, vis);
     softmax_scores(s, vis, masked, x.sp.p.scale_log2, c, mx);
   }
   for (int h = 0; h < 2; ++h) m_new[h] = fmaxf(m_new[h], mx[h]), base[h] = m_new[h] == -INFINITY ? 0.f : m_new[h];

@@ -1,5 +1,5 @@
 // tree_verify_mla v4 (sm_90a), the seesaw path's building blocks: smem map, barrier ids, TMA loads of KV tiles
-// block by block, the tail-tile zero fill, QK over a range of column blocks, the rope fragments, visibility.
+// block by block, the tail-tile zero fill, QK over a range of column blocks, the rope fragments.
 // The schedule that uses them: csrc/tree_verify_mla_seesaw.h; plans/0004.
 #pragma once
 #include <cuda.h>  // CUtensorMap (a type only; the launcher encodes it through the runtime's driver entry point)
@@ -49,9 +49,12 @@ __device__ __forceinline__ void ss_load(const SeesawParams& sp, const SsTile& k,
   }
 }
 
-// Rows [valid, 64) of the tile's V blocks (0..7) to zero: cache rows past the request's keys hold anything (NaN in
-// the tests) and P = 0 times NaN would reach O. The owner warpgroup, once every block landed.
-__device__ __forceinline__ void ss_zero_tail(const SsTile& k, int valid, uint8_t* smem, uint32_t s_base, int wg) {
+// A tile that ends past the request's keys (rows [kv_end - 64 t, 64)): those rows of its V blocks (0..7) to zero,
+// once every block landed; cache rows there hold anything (NaN in the tests) and P = 0 times NaN would reach O.
+// Other tiles: nothing. Called by the owner warpgroup before its QK.
+__device__ __forceinline__ void ss_zero_tail(const SsTile& k, int kv_end, uint8_t* smem, uint32_t s_base, int wg) {
+  const int valid = kv_end - k.t * kBlockN;
+  if (valid >= kBlockN) return;
   for (int j = 0; j < 9; ++j) mbar_wait(k.bars + 8 * j, k.parity);
   const int per_block = (kBlockN - valid) * 8;  // 16-byte chunks per block
   uint8_t* stage = smem + (k.stage - s_base);
@@ -94,18 +97,6 @@ __device__ __forceinline__ void ss_load_rope(uint32_t (&rope)[4][4], uint32_t q,
 #pragma unroll
   for (int kk = 0; kk < 4; ++kk)
     ldsm_x4(rope[kk], q + 8 * kColBlockBytes + tile_off(16 * w.rg + (w.lane & 15), 2 * kk + (w.lane >> 4)));
-}
-
-// The tile's visibility words for the thread's two rows (only tail tiles, which reach the tree rows, need them).
-__device__ __forceinline__ bool ss_vis(const Params& p, int t, int past, const uint64_t* const (&anc_row)[2],
-                                       uint64_t (&vis)[2]) {
-  const bool masked = (t + 1) * kBlockN > past;
-  vis[0] = vis[1] = 0;
-  if (masked) {
-#pragma unroll
-    for (int h = 0; h < 2; ++h) vis[h] = tile_visibility(anc_row[h], p.words, p.nodes, t * kBlockN - past);
-  }
-  return masked;
 }
 
 }  // namespace tvm

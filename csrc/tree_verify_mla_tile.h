@@ -124,6 +124,19 @@ __device__ __forceinline__ uint64_t tile_visibility(const uint64_t* anc_row, int
   return prefix | tree;
 }
 
+// Whether KV tile t reaches the tree rows (or the unused tail) and, if so, its visibility words for the thread's two
+// rows; prefix-only tiles need no mask.
+__device__ __forceinline__ bool tile_mask(const Params& p, int t, int past, const uint64_t* const (&anc_row)[2],
+                                          uint64_t (&vis)[2]) {
+  const bool masked = (t + 1) * kBlockN > past;
+  vis[0] = vis[1] = 0;
+  if (masked) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) vis[h] = tile_visibility(anc_row[h], p.words, p.nodes, t * kBlockN - past);
+  }
+  return masked;
+}
+
 // Running softmax state for the two rows a lane owns (h = 0: row g, h = 1: row g + 8 of the warp's 16).
 struct RowState {
   float m[2];  // running max of scaled scores, log2 units; -inf until a visible column is seen
