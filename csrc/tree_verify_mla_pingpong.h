@@ -81,7 +81,7 @@ __device__ __forceinline__ void pp_take_remote(float (&acc)[32][4], uint32_t (&p
   pp_pv_issue_smem(acc, s_base + kOffP, s_base + kOffKv + (j & 1) * kTileBytes, wg);
 }
 
-// Own tile: mask (tail tiles), scale to log2 units, new running max, P = exp2(s - base) into registers (A
+// Own tile: mask (tail tiles), row max in log2 units, new running max, P = exp2(s * scale - base) into registers (A
 // fragments of the PV wgmma) and into smem for the other warpgroup, m into s_max; then publish them.
 __device__ __forceinline__ void pp_softmax_publish(float (&s)[8][4], float (&acc)[32][4], uint32_t (&pa)[4][4],
                                                    RowState& st, const uint64_t (&vis)[2], bool masked,
@@ -91,7 +91,7 @@ __device__ __forceinline__ void pp_softmax_publish(float (&s)[8][4], float (&acc
   softmax_scores(s, vis, masked, scale_log2, c, mx);
   for (int h = 0; h < 2; ++h) m_new[h] = fmaxf(st.m[h], mx[h]);
   rescale(acc, st, m_new, base);
-  softmax_exp(s, pa, st.l, base, smem + kOffP, row, c);
+  softmax_exp(s, pa, st.l, base, scale_log2, smem + kOffP, row, c);
   __syncwarp();  // every lane of the quad read s_max (pp_take_remote) before lane c = 0 overwrites it
   float* s_max = reinterpret_cast<float*>(smem + kOffMax);
   if (c == 0) s_max[row[0]] = st.m[0], s_max[row[1]] = st.m[1];

@@ -78,7 +78,7 @@ __device__ __forceinline__ void ss_pair_wg0(const SsCtx& x, int i, float (&s)[8]
   softmax_scores(s, vis, masked, x.sp.p.scale_log2, c, mx);
   for (int h = 0; h < 2; ++h) m_new[h] = fmaxf(st.m[h], mx[h]);
   rescale(acc, st, m_new, base);
-  softmax_exp(s, pa, st.l, base, x.smem + kOffP, x.row, c);
+  softmax_exp(s, pa, st.l, base, x.sp.p.scale_log2, x.smem + kOffP, x.row, c);
   if (c == 0) s_max[x.row[0]] = st.m[0], s_max[x.row[1]] = st.m[1];
   fence_proxy_async_smem();  // P_i is read by warpgroup 1's wgmma
   named_arrive(kSsBarM0, 2 * 128);
@@ -122,7 +122,7 @@ __device__ __forceinline__ void ss_pair_wg1(const SsCtx& x, int i, float (&s)[8]
     softmax_scores(s, vis, masked, x.sp.p.scale_log2, c, mx);
   }
   for (int h = 0; h < 2; ++h) m_new[h] = fmaxf(m_new[h], mx[h]), base[h] = m_new[h] == -INFINITY ? 0.f : m_new[h];
-  if (has1) softmax_exp(s, pa, lsum, base, x.smem + kSsOffPOdd, x.row, c);
+  if (has1) softmax_exp(s, pa, lsum, base, x.sp.p.scale_log2, x.smem + kSsOffPOdd, x.row, c);
   if (c == 0) s_max[kBlockM + x.row[0]] = m_new[0], s_max[kBlockM + x.row[1]] = m_new[1];
   fence_proxy_async_smem();  // P_{i+1} is read by warpgroup 0's wgmma
   named_arrive(kSsBarM1, 2 * 128);  // before the wait below: warpgroup 0 needs m1 and P_{i+1}, not O_R

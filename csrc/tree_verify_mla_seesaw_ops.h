@@ -49,16 +49,17 @@ __device__ __forceinline__ void ss_load(const SeesawParams& sp, const SsTile& k,
   }
 }
 
-// A tile that ends past the request's keys (rows [kv_end - 64 t, 64)): those rows of its V blocks (0..7) to zero,
-// once every block landed; cache rows there hold anything (NaN in the tests) and P = 0 times NaN would reach O.
-// Other tiles: nothing. Called by the owner warpgroup before its QK.
+// A tile that ends past the request's keys (rows [kv_end - 64 t, 64)): those rows of all 9 blocks to zero, once
+// every block landed; cache rows there hold anything (NaN in the tests) and P = 0 times NaN would reach O through
+// the V blocks (0..7). The rope block (8) matters only outside the past + T <= S promise, where a visible column
+// past kv_end then scores 0, as v3's clamped loads give. Other tiles: nothing. Called by the owner before its QK.
 __device__ __forceinline__ void ss_zero_tail(const SsTile& k, int kv_end, uint8_t* smem, uint32_t s_base, int wg) {
   const int valid = kv_end - k.t * kBlockN;
   if (valid >= kBlockN) return;
   for (int j = 0; j < 9; ++j) mbar_wait(k.bars + 8 * j, k.parity);
   const int per_block = (kBlockN - valid) * 8;  // 16-byte chunks per block
   uint8_t* stage = smem + (k.stage - s_base);
-  for (int c = threadIdx.x & 127; c < 8 * per_block; c += 128) {
+  for (int c = threadIdx.x & 127; c < 9 * per_block; c += 128) {
     const int blk = c / per_block, r = c % per_block;
     *reinterpret_cast<uint4*>(stage + blk * kColBlockBytes + (valid + r / 8) * 128 + 16 * (r % 8)) = make_uint4(0, 0, 0, 0);
   }

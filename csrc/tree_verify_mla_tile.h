@@ -137,6 +137,14 @@ __device__ __forceinline__ bool tile_mask(const Params& p, int t, int past, cons
   return masked;
 }
 
+// 2^x as one MUFU.EX2 (ex2.approx.ftz). exp2f is the same instruction wrapped in a compare and two multiplies
+// for subnormal results (SASS of s6); a P below 2^-126 of its row max becomes 0, which no bf16 P sum can see.
+__device__ __forceinline__ float exp2_ftz(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
 // Running softmax state for the two rows a lane owns (h = 0: row g, h = 1: row g + 8 of the warp's 16).
 struct RowState {
   float m[2];  // running max of scaled scores, log2 units; -inf until a visible column is seen
@@ -161,37 +169,47 @@ __device__ __forceinline__ void rescale(float (&acc)[32][4], RowState& st, const
   }
 }
 
-// Scales S to log2 units and masks it (tail tiles: select, never multiply by 0); returns the quad's row maxima.
+// Masks S (tiles reaching the tree only: select, never multiply by 0; prefix tiles skip the 32 bit tests) and
+// returns the quad's row maxima in log2 units. S stays in raw units: softmax_exp scales it inside its exponent's
+// FMA. scale_log2 > 0 (the glue checks it) and rounding is monotone, so the scaled max is exactly max(s) * scale.
 __device__ __forceinline__ void softmax_scores(float (&s)[8][4], const uint64_t (&vis)[2], bool masked,
                                                float scale_log2, int c, float (&mx)[2]) {
+  if (masked) {
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int h = e >> 1, col = 8 * j + 2 * c + (e & 1);
+        s[j][e] = ((vis[h] >> col) & 1) ? s[j][e] : -INFINITY;
+      }
+    }
+  }
   mx[0] = mx[1] = -INFINITY;
 #pragma unroll
   for (int j = 0; j < 8; ++j) {
 #pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const int h = e >> 1, col = 8 * j + 2 * c + (e & 1);
-      const float x = s[j][e] * scale_log2;
-      s[j][e] = (!masked || ((vis[h] >> col) & 1)) ? x : -INFINITY;
-      mx[h] = fmaxf(mx[h], s[j][e]);
-    }
+    for (int e = 0; e < 4; ++e) mx[e >> 1] = fmaxf(mx[e >> 1], s[j][e]);
   }
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
     mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
+    mx[h] *= scale_log2;  // -inf stays -inf
   }
 }
 
-// P = exp2(S - base): in place over S (fp32; the seesaw's ptxas serializes its wgmmas when S stays live instead,
-// C7515), as bf16 A fragments of the PV wgmma (k16 step j / 2: a0 a1 | a2 a3) and into the 64 x 64 P tile in smem for
-// the other warpgroup; adds the row sums to l.
+// P = exp2(S * scale_log2 - base) (one FFMA and one MUFU.EX2 per score): in place over S (fp32; the seesaw's
+// ptxas serializes its wgmmas when S stays live instead, C7515), as bf16 A fragments of the PV wgmma (k16 step
+// j / 2: a0 a1 | a2 a3) and into the 64 x 64 P tile in smem for the other warpgroup; adds the row sums to l.
 __device__ __forceinline__ void softmax_exp(float (&s)[8][4], uint32_t (&pa)[4][4], float (&l)[2],
-                                            const float (&base)[2], uint8_t* p_tile, const int (&row)[2], int c) {
+                                            const float (&base)[2], float scale_log2, uint8_t* p_tile,
+                                            const int (&row)[2], int c) {
 #pragma unroll
   for (int j = 0; j < 8; ++j) {
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      const float p0 = exp2f(s[j][2 * h] - base[h]), p1 = exp2f(s[j][2 * h + 1] - base[h]);
+      const float p0 = exp2_ftz(fmaf(s[j][2 * h], scale_log2, -base[h]));
+      const float p1 = exp2_ftz(fmaf(s[j][2 * h + 1], scale_log2, -base[h]));
       s[j][2 * h] = p0, s[j][2 * h + 1] = p1;
       l[h] += p0 + p1;
       const __nv_bfloat162 pk = __floats2bfloat162_rn(p0, p1);

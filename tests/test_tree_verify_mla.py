@@ -218,6 +218,26 @@ def test_nan_in_unused_rows_never_leaks(ext, impl):
     assert np.isfinite(o).all() and np.isfinite(lse).all(), "NaN from unused cache rows leaked into outputs"
 
 
+@BIG_SMEM
+@SM90_ONLY
+def test_seesaw_matches_pingpong_past_the_cache_end(ext):
+    """past + T > S breaks the caller's promise: the request's last tree columns lie past the cache. v3's clamped
+    loads score them 0; v4's TMA reads the next request's rows there, so its tail fill zeroes all 9 column blocks
+    (rope included) to give the same numbers. The other request stays exact against the reference."""
+    case = Case(41, 65, 16, (200, 30))
+    inputs = make_inputs(case, seed=41)
+    inputs["kv"] = np.ascontiguousarray(inputs["kv"][:, :case.past_lens[0] + case.nodes - 20])  # request 0: 20 past S
+    o_s, lse_s = run_kernel(ext, inputs, poison=float("nan"), impl="seesaw")
+    o_p, lse_p = run_kernel(ext, inputs, poison=float("nan"), impl="pingpong")
+    assert np.isfinite(o_s).all() and np.isfinite(lse_s).all()
+    assert np.max(np.abs(lse_s[0] - lse_p[0])) < 1e-4 and np.max(np.abs(o_s[0] - o_p[0])) < 2e-2
+    o_ref, lse_ref = tree_verify_mla_batch(inputs["q"][1:], inputs["kv"][1:], inputs["past_lens"][1:],
+                                           inputs["anc"][1:], SCALE)   # request 1 alone: 30 + 65 <= S = 245
+    for got, want, tol in ((o_s[1:], o_ref, O_TOL), (lse_s[1:], lse_ref, LSE_TOL)):
+        res = compare(got, want, tol)
+        assert res.passed, f"request 1 (past 30, fits): rel L2 {res.rel_l2:.3e}, max abs {res.max_abs:.3e}"
+
+
 @pytest.mark.parametrize("change, message", [
     (lambda a: {**a, "q": a["q"].float()}, "q must be bfloat16"),
     (lambda a: {**a, "past_lens": a["past_lens"].long()}, "past_lens must be int32"),

@@ -1,0 +1,88 @@
+// What compute-sanitizer racecheck reports on tree_verify_mla's max hand-offs, stripped of everything else
+// (issue 15 item 4; plans/0004 "Design v4", racecheck). One CTA of two warpgroups passes a row max per
+// iteration through shared memory the way v4 (two slots: max[0] 0 -> 1, max[1] 1 -> 0) and v3 (one slot, the
+// owner alternates, __syncwarp before a lane overwrites what its quad read) do. Every mode but the two controls is
+// ordered by bar.sync of all 256 threads between each write and each access of another thread (PTX ISA, memory
+// consistency: bar.sync is a release/acquire pattern among its participants), so a report on them is racecheck's
+// model, not the kernel. The controls drop one ordering and must be reported.
+// Build: nvcc -O3 -std=c++20 -gencode=arch=compute_90a,code=sm_90a racecheck_handoff.cu -o rch
+// Run:   for m in 0 1 2 3 4 5 6; do compute-sanitizer --tool racecheck ./rch $m; done
+#include <cstdio>
+#include <cstdlib>
+
+__device__ __forceinline__ void bsync(int id) { asm volatile("bar.sync %0, 256;\n" ::"r"(id) : "memory"); }
+
+enum Mode {
+  kV4 = 0,          // two slots, barriers 5 (0 -> 1) and 6 (1 -> 0), as v4's M0 / M1
+  kV4SameId = 1,    // the same with one barrier id for both hand-offs
+  kV4Block = 2,     // the same with __syncthreads (barrier 0)
+  kV3 = 3,          // one slot, owner i & 1, barrier 5 + owner, __syncwarp between the quad's read and lane 0's write
+  kV3NoWarpSync = 4,  // control: kV3 without the __syncwarp (intra-warp WAR, unordered under independent scheduling)
+  kV4EarlyRead = 5,   // control: warpgroup 0 reads slot 1 between the barriers, while warpgroup 1 writes it
+  kV4Unrolled = 6,    // kV4 with the loop split in two bodies (even and odd i), as a pair loop's code layout
+};
+
+template <int kMode>
+__global__ void handoff(float* out, int iters) {
+  __shared__ float slot[2][64];
+  const int wg = threadIdx.x >> 7, warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31;
+  const int c = lane & 3, row = 16 * warp + (lane >> 2);  // a thread's rows: row and row + 8, as the wgmma layout
+  float x = threadIdx.x * 1e-3f;
+  for (int i = 0; i < iters; ++i) {
+    if constexpr (kMode == kV3 || kMode == kV3NoWarpSync) {
+      const int owner = i & 1;
+      if (wg == owner) {
+        if (c == 0) slot[0][row] = x + i, slot[0][row + 8] = x - i;
+        bsync(5 + owner);
+      } else {
+        bsync(5 + owner);
+        x += slot[0][row] + slot[0][row + 8];
+        if constexpr (kMode == kV3) __syncwarp();
+      }
+    } else {
+      const int id0 = kMode == kV4Block ? 0 : 5, id1 = kMode == kV4Block ? 0 : kMode == kV4SameId ? 5 : 6;
+      if (wg == 0) {
+        if (c == 0) slot[0][row] = x + i, slot[0][row + 8] = x - i;
+        bsync(id0);
+        if constexpr (kMode == kV4EarlyRead) x += slot[1][row];  // concurrent with warpgroup 1's write below
+        bsync(id1);
+        if constexpr (kMode != kV4EarlyRead) x += slot[1][row] + slot[1][row + 8];
+      } else {
+        bsync(id0);
+        x += slot[0][row] + slot[0][row + 8];
+        if (c == 0) slot[1][row] = x * 0.5f, slot[1][row + 8] = x * 0.25f;
+        bsync(id1);
+      }
+      if constexpr (kMode == kV4Unrolled) {
+        if (++i >= iters) break;
+        if (wg == 0) {
+          if (c == 0) slot[0][row] = x - i, slot[0][row + 8] = x + i;
+          bsync(5);
+          bsync(6);
+          x += slot[1][row] * slot[1][row + 8];
+        } else {
+          bsync(5);
+          x += slot[0][row] * slot[0][row + 8];
+          if (c == 0) slot[1][row] = x * 0.75f, slot[1][row + 8] = x * 0.125f;
+          bsync(6);
+        }
+      }
+    }
+  }
+  out[blockIdx.x * blockDim.x + threadIdx.x] = x;
+}
+
+int main(int argc, char** argv) {
+  const int mode = argc > 1 ? std::atoi(argv[1]) : 0, iters = argc > 2 ? std::atoi(argv[2]) : 6, blocks = 2;
+  float* out = nullptr;
+  cudaMalloc(&out, blocks * 256 * sizeof(float));
+  void (*k[])(float*, int) = {handoff<0>, handoff<1>, handoff<2>, handoff<3>, handoff<4>, handoff<5>, handoff<6>};
+  if (mode < 0 || mode > 6) return std::fprintf(stderr, "mode must be 0..6\n"), 2;
+  k[mode]<<<blocks, 256>>>(out, iters);
+  const cudaError_t err = cudaDeviceSynchronize();
+  float h[4] = {};
+  cudaMemcpy(h, out, sizeof(h), cudaMemcpyDeviceToHost);
+  std::printf("mode %d iters %d: %s, out[0..3] %.4f %.4f %.4f %.4f\n", mode, iters, cudaGetErrorString(err), h[0], h[1],
+              h[2], h[3]);
+  return err == cudaSuccess ? 0 : 1;
+}
