@@ -6,7 +6,8 @@
 // consistency: bar.sync is a release/acquire pattern among its participants), so a report on them is racecheck's
 // model, not the kernel. The controls drop one ordering and must be reported.
 // Build: nvcc -O3 -std=c++20 -gencode=arch=compute_90a,code=sm_90a racecheck_handoff.cu -o rch
-// Run:   for m in 0 1 2 3 4 5 6; do compute-sanitizer --tool racecheck ./rch $m; done
+// Run:   for m in 0 1 2 3 4 5 6 7 8; do compute-sanitizer --tool racecheck ./rch $m; done
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 
@@ -20,11 +21,23 @@ enum Mode {
   kV3NoWarpSync = 4,  // control: kV3 without the __syncwarp (intra-warp WAR, unordered under independent scheduling)
   kV4EarlyRead = 5,   // control: warpgroup 0 reads slot 1 between the barriers, while warpgroup 1 writes it
   kV4Unrolled = 6,    // kV4 with the loop split in two bodies (even and odd i), as a pair loop's code layout
+  kV4WgBarrier = 7,   // kV4 after a 128-thread barrier per warpgroup whose id is in a register (v4's tail fill, 9 + wg)
+  kV4Mbarrier = 8,    // kV4 after every thread arrives on and waits for an mbarrier (v4 waits for its TMA boxes so)
 };
+
+__device__ __forceinline__ void mbar_round(uint32_t bar, uint32_t parity) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+  asm volatile("{\n.reg .pred p;\nW: mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n@!p bra W;\n}\n" ::"r"(bar),
+               "r"(parity) : "memory");
+}
 
 template <int kMode>
 __global__ void handoff(float* out, int iters) {
   __shared__ float slot[2][64];
+  __shared__ __align__(8) unsigned long long mbar;
+  const uint32_t mbar_addr = static_cast<uint32_t>(__cvta_generic_to_shared(&mbar));
+  if (threadIdx.x == 0) asm volatile("mbarrier.init.shared::cta.b64 [%0], 256;\n" ::"r"(mbar_addr) : "memory");
+  __syncthreads();
   const int wg = threadIdx.x >> 7, warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31;
   const int c = lane & 3, row = 16 * warp + (lane >> 2);  // a thread's rows: row and row + 8, as the wgmma layout
   float x = threadIdx.x * 1e-3f;
@@ -40,6 +53,8 @@ __global__ void handoff(float* out, int iters) {
         if constexpr (kMode == kV3) __syncwarp();
       }
     } else {
+      if constexpr (kMode == kV4WgBarrier) asm volatile("bar.sync %0, 128;\n" ::"r"(9 + wg) : "memory");
+      if constexpr (kMode == kV4Mbarrier) mbar_round(mbar_addr, i & 1);
       const int id0 = kMode == kV4Block ? 0 : 5, id1 = kMode == kV4Block ? 0 : kMode == kV4SameId ? 5 : 6;
       if (wg == 0) {
         if (c == 0) slot[0][row] = x + i, slot[0][row + 8] = x - i;
@@ -72,17 +87,22 @@ __global__ void handoff(float* out, int iters) {
   out[blockIdx.x * blockDim.x + threadIdx.x] = x;
 }
 
+// Usage: rch MODE [ITERS [BLOCKS [DYN_SMEM_BYTES]]]; e.g. 600 blocks with 200,000 B each run one CTA per SM in
+// several waves on the same shared memory, as the harness's unsplit shape (260 CTAs) does.
 int main(int argc, char** argv) {
-  const int mode = argc > 1 ? std::atoi(argv[1]) : 0, iters = argc > 2 ? std::atoi(argv[2]) : 6, blocks = 2;
+  const int mode = argc > 1 ? std::atoi(argv[1]) : 0, iters = argc > 2 ? std::atoi(argv[2]) : 6;
+  const int blocks = argc > 3 ? std::atoi(argv[3]) : 2, smem = argc > 4 ? std::atoi(argv[4]) : 0;
   float* out = nullptr;
   cudaMalloc(&out, blocks * 256 * sizeof(float));
-  void (*k[])(float*, int) = {handoff<0>, handoff<1>, handoff<2>, handoff<3>, handoff<4>, handoff<5>, handoff<6>};
-  if (mode < 0 || mode > 6) return std::fprintf(stderr, "mode must be 0..6\n"), 2;
-  k[mode]<<<blocks, 256>>>(out, iters);
+  void (*k[])(float*, int) = {handoff<0>, handoff<1>, handoff<2>, handoff<3>, handoff<4>,
+                              handoff<5>, handoff<6>, handoff<7>, handoff<8>};
+  if (mode < 0 || mode > 8) return std::fprintf(stderr, "mode must be 0..8\n"), 2;
+  cudaFuncSetAttribute(k[mode], cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  k[mode]<<<blocks, 256, smem>>>(out, iters);
   const cudaError_t err = cudaDeviceSynchronize();
   float h[4] = {};
   cudaMemcpy(h, out, sizeof(h), cudaMemcpyDeviceToHost);
-  std::printf("mode %d iters %d: %s, out[0..3] %.4f %.4f %.4f %.4f\n", mode, iters, cudaGetErrorString(err), h[0], h[1],
-              h[2], h[3]);
+  std::printf("mode %d iters %d blocks %d smem %d: %s, out[0..3] %.4f %.4f %.4f %.4f\n", mode, iters, blocks, smem,
+              cudaGetErrorString(err), h[0], h[1], h[2], h[3]);
   return err == cudaSuccess ? 0 : 1;
 }
