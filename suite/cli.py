@@ -16,12 +16,24 @@ def _run(args) -> int:
     if args.max_cases < 1:
         raise UserError(f"--max-cases: got {args.max_cases}, expected an integer >= 1")
     outcome = runner.run_scenarios(args.scenarios, args.out, args.device, filter_expr=args.filter,
-                                   max_cases=args.max_cases, force=args.force)
+                                   max_cases=args.max_cases, force=args.force,
+                                   backends=_backend_names(args.backends))
     with interrupts.finishing():    # the run is saved; a late signal must not lose its report
         path = report.render(outcome.run_dir)
     _summary(outcome.records)
     _print_path("report", path)
     return outcome.exit_code
+
+
+def _backend_names(value: str | None) -> list[str] | None:
+    """--backends a,b: the names, in order; an empty one is a usage error."""
+    if value is None:
+        return None
+    names = [n.strip() for n in value.split(",")]
+    if not all(names):
+        raise UserError(f"--backends: got {value!r}, expected comma-separated backend names "
+                        "(e.g. cuda,flashinfer_cascade)")
+    return names
 
 
 def _print_path(label: str, path) -> None:
@@ -296,6 +308,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "run the cases any of the values selects")
     r.add_argument("--max-cases", type=int, default=config_max_cases(), metavar="N",
                    help="refuse a run that expands to more than N cases (default %(default)s)")
+    r.add_argument("--backends", metavar="NAMES",
+                   help="comma-separated backend names: each selected case runs only these of its own backends "
+                        "(a case listing none of them is skipped); e.g. ours against the peers without the slow "
+                        "torch baselines. Rows' repro commands carry it")
     r.add_argument("--force", action="store_true",
                    help="run scenarios that do not fit this machine (estimated memory, no available backend)")
     r.set_defaults(func=_run)

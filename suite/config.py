@@ -268,6 +268,20 @@ def select(cases: list[Case], exprs: list[str] | None, where: str = "the scenari
     return [c for i, c in enumerate(cases) if i in chosen]
 
 
+def restrict_backends(cases: list[Case], names: list[str] | None, where: str = "the scenarios") -> list[Case]:
+    """--backends: each case keeps the listed names of its own backends, in its order, and a case left with none
+    is dropped. A name that no selected case lists is a UserError naming it (a typo must not shrink a run)."""
+    if not names:
+        return list(cases)
+    listed = {b for c in cases for b in c.backends}
+    unknown = [n for n in names if n not in listed]
+    if unknown:
+        raise UserError(f"--backends {','.join(unknown)}: no selected case in {where} lists "
+                        f"{'it' if len(unknown) == 1 else 'them'} (they list: {', '.join(sorted(listed))})")
+    kept = (dataclasses.replace(c, backends=tuple(b for b in c.backends if b in names)) for c in cases)
+    return [c for c in kept if c.backends]
+
+
 def matches(case: Case, expr: str | None) -> bool:
     """--filter: comma-separated terms, all must match. `key=value` compares a case field or shape key
     (family=tree_build, budget=64); any other term is a substring of the case name."""

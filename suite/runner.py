@@ -30,7 +30,7 @@ class RunContext:
     device: str                       # "cpu" | "cuda"
     device_name: str
     run_dir: Path
-    argv_base: str                    # "kdbench run <file> --device <dev>" without --filter
+    argv_base: str                    # "kdbench run <file> --device <dev> [--backends ...]" without --filter
     cache: dict = field(default_factory=dict)   # per-run memo (ceilings, built models, AR baselines)
 
     def repro(self, case: config.Case) -> str:
@@ -92,21 +92,26 @@ def load_all(paths: list[str], max_cases: int = config.MAX_CASES) -> list[config
 
 def run_scenarios(paths: list[str], out_dir: str | None = None, device: str = "auto", *,
                   filter_expr: str | list[str] | None = None, progress: bool = True,
-                  max_cases: int = config.MAX_CASES, force: bool = False) -> RunOutcome:
-    """filter_expr: one --filter value or several (a case runs when any selects it; config.select).
+                  max_cases: int = config.MAX_CASES, force: bool = False,
+                  backends: list[str] | None = None) -> RunOutcome:
+    """filter_expr: one --filter value or several (a case runs when any selects it; config.select); backends:
+    --backends, the names each selected case keeps of its own list (config.restrict_backends).
     A scenario that cannot run here (estimate.verdict: too big, or no backend available) is a UserError
     before anything is allocated, unless force."""
     scenarios = load_all(paths, max_cases)
     every = [c for s in scenarios for c in s.cases]
     filters = [filter_expr] if isinstance(filter_expr, str) else filter_expr
-    cases = config.select(every, filters, ", ".join(paths))
+    cases = config.restrict_backends(config.select(every, filters, ", ".join(paths)), backends, ", ".join(paths))
     device, device_name = resolve_device(device)
     if not force:
         refuse_unfit(scenarios, cases, device)
     run_dir, lock = make_run_dir(out_dir, scenarios)
-    ctx = RunContext(device, device_name, run_dir, "kdbench run {file} --device " + device)
+    argv_base = "kdbench run {file} --device " + device + (f" --backends {','.join(backends)}" if backends else "")
+    ctx = RunContext(device, device_name, run_dir, argv_base)
     writer = RunWriter(run_dir)
     meta = _meta(scenarios, device, device_name, filters)
+    if backends:
+        meta["backends"] = list(backends)
     writer.write_meta(meta)
     exit_code = EXIT_OK
     try:

@@ -164,3 +164,29 @@ def test_out_directory_holding_a_run_is_refused(scenario, tmp_path, capsys):
     assert cli.main(["run", str(scenario), "--device", "cpu", "--out", str(run)]) == 2
     assert "already holds a run" in capsys.readouterr().err
     assert (run / "records.jsonl").read_text() == before
+
+
+def test_backends_option_keeps_only_those_backends(scenario, tmp_path):
+    """--backends torch: each case runs only that of its own backends, the repro commands carry the option, and
+    a name no case lists, or an empty one, is a one-line usage error."""
+    run = tmp_path / "r"
+    assert cli.main(["run", str(scenario), "--device", "cpu", "--out", str(run), "--backends", "torch"]) == 0
+    records = load_records(run)
+    assert {r.backend for r in records} == {"torch"} and {r.case for r in records} == {"accept", "compact"}
+    assert all(r.repro.endswith("--backends torch --filter " + r.case) for r in records)
+    assert load_meta(run)["backends"] == ["torch"]
+    for bad, message in (("torch,flashinfer_cascade", "--backends flashinfer_cascade: no selected case"),
+                         ("torch,", "expected comma-separated backend names")):
+        proc = subprocess.run([sys.executable, "-m", "kdbench", "run", str(scenario), "--device", "cpu",
+                               "--out", str(tmp_path / bad.replace(",", "_")), "--backends", bad],
+                              capture_output=True, text=True)
+        assert proc.returncode == 2 and message in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_backends_option_drops_cases_that_list_none(tmp_path):
+    smoke = Path(__file__).parents[1] / "scenarios" / "smoke.yaml"
+    run = tmp_path / "r"
+    argv = ["run", str(smoke), "--device", "cpu", "--out", str(run), "--filter", "kv_compact", "--filter",
+            "tree_verify_mla", "--backends", "torch_twopass"]
+    assert cli.main(argv) == 0   # kv_compact lists [torch, cuda]: dropped, not run empty
+    assert {(r.case, r.backend) for r in load_records(run)} == {("tree_verify_mla", "torch_twopass")}
