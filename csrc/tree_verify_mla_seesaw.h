@@ -12,7 +12,8 @@
 namespace kdb {
 namespace tvm {
 
-// Phase marks for tvm_mark (-DKDB_TVM_TRACE), per pair; warpgroup 0 and 1 number their own steps.
+// Phase marks for tvm_mark (-DKDB_TVM_TRACE), per pair; warpgroup 0 and 1 number their own steps (the names in
+// reports/h200/racecheck_pingpong.cu, whose trace prints them in this order, not in time order).
 enum SsEvent { kSsStart, kSsA, kSsB, kSsC, kSsD, kSsE, kSsF, kSsG, kSsH, kSsI, kSsEnd };
 
 struct SsCtx {  // what both warpgroups' pair steps read
@@ -78,6 +79,7 @@ __device__ __forceinline__ void ss_pair_wg0(const SsCtx& x, int i, float (&s)[8]
   softmax_scores(s, vis, masked, x.sp.p.scale_log2, c, mx);
   for (int h = 0; h < 2; ++h) m_new[h] = fmaxf(st.m[h], mx[h]);
   rescale(acc, st, m_new, base);
+  tvm_mark(i, kSsF);  // row max known, O_L rescaled (before the exponentials and P's stores)
   softmax_exp(s, pa, st.l, base, x.sp.p.scale_log2, x.smem + kOffP, x.row, c);
   if (c == 0) s_max[x.row[0]] = st.m[0], s_max[x.row[1]] = st.m[1];
   fence_proxy_async_smem();  // P_i is read by warpgroup 1's wgmma
@@ -121,6 +123,7 @@ __device__ __forceinline__ void ss_pair_wg1(const SsCtx& x, int i, float (&s)[8]
     const bool masked = tile_mask(x.sp.p, k1.t, x.past, x.anc_row, vis);
     softmax_scores(s, vis, masked, x.sp.p.scale_log2, c, mx);
   }
+  tvm_mark(i, kSsG);  // the odd tile's row max known (before its exponentials and P's stores)
   for (int h = 0; h < 2; ++h) m_new[h] = fmaxf(m_new[h], mx[h]), base[h] = m_new[h] == -INFINITY ? 0.f : m_new[h];
   if (has1) softmax_exp(s, pa, lsum, base, x.sp.p.scale_log2, x.smem + kSsOffPOdd, x.row, c);
   if (c == 0) s_max[kBlockM + x.row[0]] = m_new[0], s_max[kBlockM + x.row[1]] = m_new[1];

@@ -30,10 +30,11 @@ static void print_trace(int n_tiles, kdb::TvmPath path) {
   const bool ss = path == kdb::TvmPath::kSeesaw;
   const char* pp[] = {"start", "free", "refill", "ready", "remote_pv", "loaded", "qk", "free_signal", "qk_done",
                       "published", "own_pv"};
-  const char* ss0[] = {"start", "softmax", "pv_issued", "pv_done", "m1", "p0_published", "remote_pv", "qk_lo",
-                       "remote_done", "qk_hi", "end"};
-  const char* ss1[] = {"start", "m0", "softmax", "pv_issued", "p0", "remote_pv", "pv_done", "remote_done", "-", "-",
-                       "end"};
+  // Seesaw marks (csrc/tree_verify_mla_seesaw.h, kSsA..kSsI, kSsEnd), in index order, not time order.
+  const char* ss0[] = {"start", "published_m0", "own_pv_issued", "own_pv_done", "m1_taken", "remote_pv_issued",
+                       "max_known", "qk_lo_issued", "remote_pv_done", "qk_hi_issued", "end"};
+  const char* ss1[] = {"start", "m0_taken", "remote_pv_issued", "published_m1", "remote_pv_done", "own_pv_done",
+                       "s0_taken", "max_known", "-", "-", "qk_done"};
   const int n = std::min(n_tiles, kdb::tvm::kTraceSteps), events = 11;
   for (int wg = 0; wg < 2; ++wg) {
     const char* const* names = ss ? (wg ? ss1 : ss0) : pp;
