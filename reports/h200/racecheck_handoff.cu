@@ -6,7 +6,7 @@
 // consistency: bar.sync is a release/acquire pattern among its participants), so a report on them is racecheck's
 // model, not the kernel. The controls drop one ordering and must be reported.
 // Build: nvcc -O3 -std=c++20 -gencode=arch=compute_90a,code=sm_90a racecheck_handoff.cu -o rch
-// Run:   for m in 0 1 2 3 4 5 6 7 8; do compute-sanitizer --tool racecheck ./rch $m; done
+// Run:   for m in 0 1 2 3 4 5 6 7 8 9; do compute-sanitizer --tool racecheck ./rch $m; done
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -21,8 +21,10 @@ enum Mode {
   kV3NoWarpSync = 4,  // control: kV3 without the __syncwarp (intra-warp WAR, unordered under independent scheduling)
   kV4EarlyRead = 5,   // control: warpgroup 0 reads slot 1 between the barriers, while warpgroup 1 writes it
   kV4Unrolled = 6,    // kV4 with the loop split in two bodies (even and odd i), as a pair loop's code layout
-  kV4WgBarrier = 7,   // kV4 after a 128-thread barrier per warpgroup whose id is in a register (v4's tail fill, 9 + wg)
-  kV4Mbarrier = 8,    // kV4 after every thread arrives on and waits for an mbarrier (v4 waits for its TMA boxes so)
+  kV4OneSidedWgBarrier = 7,  // kV4, but at i = 1 warpgroup 1 alone also syncs its 128 threads (id 9 + wg in a
+                             // register), as v4's tail fill does for the warpgroup that owns the tail tile
+  kV4Mbarrier = 8,           // kV4 after every thread arrives on and waits for an mbarrier (v4's TMA boxes' waits)
+  kV4BothWgBarrier = 9,      // kV4 after a 128-thread barrier of each warpgroup (ids 9 and 10) every iteration
 };
 
 __device__ __forceinline__ void mbar_round(uint32_t bar, uint32_t parity) {
@@ -53,7 +55,8 @@ __global__ void handoff(float* out, int iters) {
         if constexpr (kMode == kV3) __syncwarp();
       }
     } else {
-      if constexpr (kMode == kV4WgBarrier) asm volatile("bar.sync %0, 128;\n" ::"r"(9 + wg) : "memory");
+      if (kMode == kV4BothWgBarrier || (kMode == kV4OneSidedWgBarrier && wg == 1 && i == 1))
+        asm volatile("bar.sync %0, 128;\n" ::"r"(9 + wg) : "memory");
       if constexpr (kMode == kV4Mbarrier) mbar_round(mbar_addr, i & 1);
       const int id0 = kMode == kV4Block ? 0 : 5, id1 = kMode == kV4Block ? 0 : kMode == kV4SameId ? 5 : 6;
       if (wg == 0) {
@@ -95,8 +98,8 @@ int main(int argc, char** argv) {
   float* out = nullptr;
   cudaMalloc(&out, blocks * 256 * sizeof(float));
   void (*k[])(float*, int) = {handoff<0>, handoff<1>, handoff<2>, handoff<3>, handoff<4>,
-                              handoff<5>, handoff<6>, handoff<7>, handoff<8>};
-  if (mode < 0 || mode > 8) return std::fprintf(stderr, "mode must be 0..8\n"), 2;
+                              handoff<5>, handoff<6>, handoff<7>, handoff<8>, handoff<9>};
+  if (mode < 0 || mode > 9) return std::fprintf(stderr, "mode must be 0..9\n"), 2;
   cudaFuncSetAttribute(k[mode], cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   k[mode]<<<blocks, 256, smem>>>(out, iters);
   const cudaError_t err = cudaDeviceSynchronize();
