@@ -175,13 +175,11 @@ __device__ __forceinline__ void rescale(float (&acc)[32][4], RowState& st, const
 __device__ __forceinline__ void softmax_scores(float (&s)[8][4], const uint64_t (&vis)[2], bool masked,
                                                float scale_log2, int c, float (&mx)[2]) {
   if (masked) {
+    const uint64_t w[2] = {vis[0] >> (2 * c), vis[1] >> (2 * c)};  // bit 8 j + b <=> column 8 j + 2 c + b
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int h = e >> 1, col = 8 * j + 2 * c + (e & 1);
-        s[j][e] = ((vis[h] >> col) & 1) ? s[j][e] : -INFINITY;
-      }
+      for (int e = 0; e < 4; ++e) s[j][e] = ((w[e >> 1] >> (8 * j + (e & 1))) & 1) ? s[j][e] : -INFINITY;
     }
   }
   mx[0] = mx[1] = -INFINITY;
