@@ -98,12 +98,28 @@ def _levels(base: Record, new: Record) -> tuple[float, float, str]:
     return float(np.median(base.samples_s)), float(np.median(new.samples_s)), ""
 
 
+def _round_spread(rec: Record) -> float:
+    """max / min - 1 of a pooled A/B row's round p20s (kdbench.ab); 0 without two rounds."""
+    lows = [v for v in rec.extra.get("ab_round_p20_s") or [] if isinstance(v, (int, float)) and v > 0]
+    return max(lows) / min(lows) - 1.0 if len(lows) > 1 else 0.0
+
+
+def _noisy_rounds(base: Record, new: Record, change: float, min_effect: float) -> str:
+    """Why a change of at least the minimum effect cannot be told from noise: one side's own A/B rounds disagree
+    by as much (the samples of a round share its disturbance, so the pooled test alone over-trusts them)."""
+    spread = max(_round_spread(base), _round_spread(new))
+    if math.isfinite(change) and min_effect <= abs(change) <= spread:
+        return (f"the rounds of one side disagree by {spread:.0%}, as much as the {change:+.0%} between the sides: "
+                "a noisy machine (more --rounds, or a quieter one)")
+    return ""
+
+
 def _timing_verdict(base: Record, new: Record, alpha: float, min_effect: float) -> dict[str, Any]:
     b_med, n_med, basis = _levels(base, new)
     change = n_med / b_med - 1.0 if b_med > 0 else math.nan
     _, p = mann_whitney_u(base.samples_s, new.samples_s)
     out = {"base_median_s": b_med, "new_median_s": n_med, "change_pct": 100 * change, "p_value": p}
-    why = _ambiguity(base, new, alpha)
+    why = _ambiguity(base, new, alpha) or _noisy_rounds(base, new, change, min_effect)
     if why:
         return {**out, "verdict": "ambiguous", "note": why}
     if p < alpha and abs(change) >= min_effect:

@@ -166,6 +166,26 @@ def test_too_few_samples_is_ambiguous(tmp_path):
     assert row["verdict"] == "ambiguous" and "too few samples" in row["note"]
 
 
+def _pooled(case: str, rounds: list[list[float]]) -> Record:
+    """A row as kdbench.ab pools it: samples of every round, each round's p20, the lowest as the level."""
+    p20 = [float(np.quantile(r, 0.2)) for r in rounds]
+    return rec(case, [x for r in rounds for x in r], extra={"ab_round_p20_s": p20, "ab_level_s": min(p20)})
+
+
+def test_a_change_within_one_sides_round_spread_is_ambiguous(tmp_path):
+    """A/B rounds: +12 % between the sides while one side's two rounds differ by 20 % is the machine, not the
+    code (a disturbed process shifts a whole round); +12 % with both sides' rounds within 2 % is slower."""
+    quiet = [samples(1), samples(2, median_s=1.01e-3)]
+    noisy_new = [samples(3, median_s=1.12e-3), samples(4, median_s=1.34e-3)]
+    quiet_new = [samples(5, median_s=1.12e-3), samples(6, median_s=1.13e-3)]
+    base = write_run(tmp_path / "base", [_pooled("a", quiet), _pooled("b", quiet)])
+    new = write_run(tmp_path / "new", [_pooled("a", noisy_new), _pooled("b", quiet_new)])
+    res = compare(base, new)
+    rows = {r["case"]: r for r in res.rows}
+    assert rows["a"]["verdict"] == "ambiguous" and "rounds of one side disagree" in rows["a"]["note"]
+    assert rows["b"]["verdict"] == "slower" and res.exit_code == 1
+
+
 def test_correctness_failure_in_new_fails_even_when_faster(tmp_path):
     base = write_run(tmp_path / "base", [rec("a", samples(1)), rec("b", samples(2))])
     new = write_run(tmp_path / "new", [rec("a", samples(3, median_s=0.5e-3), status="fail",
