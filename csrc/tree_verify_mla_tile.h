@@ -212,17 +212,14 @@ __device__ __forceinline__ void softmax_exp(float (&s)[8][4], uint32_t (&pa)[4][
       l[h] += p0 + p1;
       const __nv_bfloat162 pk = __floats2bfloat162_rn(p0, p1);
       pa[j >> 1][2 * (j & 1) + h] = *reinterpret_cast<const uint32_t*>(&pk);
-#ifndef KDB_TVM_STMATRIX
-      *reinterpret_cast<__nv_bfloat162*>(p_tile + tile_off(row[h], j) + 4 * c) = pk;
-#endif
     }
   }
-#ifdef KDB_TVM_STMATRIX  // A/B build (plans/0004, Session 7): 4 stmatrix per thread instead of 16 32-bit stores
+  // P's smem copy: the A fragments are stmatrix's x4 layout, so 4 stores per thread instead of 16 32-bit ones (same
+  // bytes; s7 call B: -1.4 % on two of three shapes, the same output bits). Lane l gives row l % 16, chunk l / 16.
   const int lane = 4 * (row[0] & 7) + c, r16 = row[0] & ~15;  // row[0] = 16 rg + lane / 4
   const uint32_t p_addr = smem_addr(p_tile);
 #pragma unroll
   for (int kk = 0; kk < 4; ++kk) stsm_x4(p_addr + tile_off(r16 + (lane & 15), 2 * kk + (lane >> 4)), pa[kk]);
-#endif
 }
 
 // The KV tiles split `split` of request b attends: cache rows [0, kv_end) (later rows never load), tiles
