@@ -97,7 +97,7 @@ __device__ __forceinline__ void ss_qk(float (&s)[8][4], const uint32_t (&rope)[4
 __device__ __forceinline__ void ss_load_rope(uint32_t (&rope)[4][4], uint32_t q, Role w) {
 #pragma unroll
   for (int kk = 0; kk < 4; ++kk)
-    ldsm_x4(rope[kk], q + 8 * kColBlockBytes + tile_off(16 * w.rg + (w.lane & 15), 2 * kk + (w.lane >> 4)));
+    ldsm_x4(rope[kk], q + 8 * kColBlockBytes + x4_off(16 * w.rg, w.lane, kk));
 }
 
 }  // namespace tvm

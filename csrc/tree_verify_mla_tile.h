@@ -84,6 +84,11 @@ __device__ __forceinline__ Role role() {
 __device__ __forceinline__ uint32_t tile_off(int row, int chunk) {
   return (chunk >> 3) * kColBlockBytes + row * 128 + (((chunk & 7) ^ (row & 7)) << 4);
 }
+// The row address lane l gives ldmatrix / stmatrix x4 for the 16 x 16 block (rows r16.., k16 step kk) of a tile:
+// row l % 16, chunk 2 kk + l / 16, so the four 8 x 8 matrices are the mma / wgmma A fragment's a0..a3.
+__device__ __forceinline__ uint32_t x4_off(int r16, int lane, int kk) {
+  return tile_off(r16 + (lane & 15), 2 * kk + (lane >> 4));
+}
 
 // Copies rows [row0, row0 + 64) of a row-major [*, 576] bf16 matrix into a tile with kLoaders threads (tid =
 // the caller's index among them); rows >= row_end are zero-filled, so NaN in unused cache slots cannot enter the
@@ -215,11 +220,11 @@ __device__ __forceinline__ void softmax_exp(float (&s)[8][4], uint32_t (&pa)[4][
     }
   }
   // P's smem copy: the A fragments are stmatrix's x4 layout, so 4 stores per thread instead of 16 32-bit ones (same
-  // bytes; s7 call B: -1.4 % on two of three shapes, the same output bits). Lane l gives row l % 16, chunk l / 16.
-  const int lane = 4 * (row[0] & 7) + c, r16 = row[0] & ~15;  // row[0] = 16 rg + lane / 4
+  // bytes; s7 call B: -1.4 % on two of three shapes, the same output bits). row[0] = 16 rg + lane / 4 and c = lane % 4
+  // give back the warp's row group and the lane (passing Role instead changes the SASS: left for a GPU session).
   const uint32_t p_addr = smem_addr(p_tile);
 #pragma unroll
-  for (int kk = 0; kk < 4; ++kk) stsm_x4(p_addr + tile_off(r16 + (lane & 15), 2 * kk + (lane >> 4)), pa[kk]);
+  for (int kk = 0; kk < 4; ++kk) stsm_x4(p_addr + x4_off(row[0] & ~15, 4 * (row[0] & 7) + c, kk), pa[kk]);
 }
 
 // The KV tiles split `split` of request b attends: cache rows [0, kv_end) (later rows never load), tiles
