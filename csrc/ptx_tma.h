@@ -1,4 +1,4 @@
-// PTX wrappers for tree_verify_mla's seesaw path (v4, sm_90a): mbarriers, 2D tensor-memory-accelerator (TMA)
+// PTX wrappers for tree_verify_mla's seesaw path (v4, sm_90a): mbarriers, 3D tensor-memory-accelerator (TMA)
 // loads that complete on an mbarrier, the non-waiting named-barrier arrive, and the 64-wide wgmma with A from
 // registers. Elsewhere the init, the TMA load and the wgmma trap, the other mbarrier wrappers compile to nothing
 // (the launcher never selects the path there). Included by csrc/*.cu only.
@@ -39,13 +39,14 @@ __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
       : "memory");
 #endif
 }
-// Box (x = column element, y = row) of the tensor map `map` (a __grid_constant__ kernel parameter) into shared
-// memory at dst, in the map's swizzle; rows beyond the map's extent arrive as zeros. Completes on `bar`.
-__device__ __forceinline__ void tma_load_2d(uint32_t dst, const void* map, int x, int y, uint32_t bar) {
+// Box (x = column element, y = row, z = plane) of the tensor map `map` (a __grid_constant__ kernel parameter) into
+// shared memory at dst, in the map's swizzle; elements outside the map's extent (negative coordinates included)
+// arrive as zeros and count toward the bytes. Completes on `bar`.
+__device__ __forceinline__ void tma_load_3d(uint32_t dst, const void* map, int x, int y, int z, uint32_t bar) {
 #if KDB_HAS_WGMMA
   asm volatile(
-      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n" ::"r"(dst),
-      "l"(map), "r"(x), "r"(y), "r"(bar)
+      "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], [%5];\n" ::"r"(dst),
+      "l"(map), "r"(x), "r"(y), "r"(z), "r"(bar)
       : "memory");
 #else
   __trap();

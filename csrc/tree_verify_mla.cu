@@ -251,10 +251,12 @@ using namespace tvm;  // this file's own kernels and constants
 int tree_verify_mla_smem_bytes() { return std::max(kSmemBytes, kSsSmemBytes); }
 
 namespace {
-// The seesaw path's tensor map of the cache: rows = batch x cache_len, 576 bf16 each, boxes of 64 x 64 with the
-// 128-byte swizzle, i.e. one smem column block. The encoder is the driver's, reached through the runtime, so the
-// extension does not link libcuda. Rows past the map's end load as zeros.
-cudaError_t encode_kv_map(CUtensorMap* map, const __nv_bfloat16* kv, cuuint64_t rows) {
+// The seesaw path's tensor map of the cache: [batch][cache_len][576] bf16 (innermost first below), boxes of one
+// request's 64 rows x 64 columns with the 128-byte swizzle, i.e. one smem column block. Three dimensions, not
+// batch x cache_len rows, so that a box reaching before row 0 or past row S of its request arrives as zeros instead
+// of a neighbour's rows (the tail tile's box, csrc/tree_verify_mla_seesaw_ops.h). The encoder is the driver's,
+// reached through the runtime, so the extension does not link libcuda.
+cudaError_t encode_kv_map(CUtensorMap* map, const __nv_bfloat16* kv, int batch, int cache_len) {
   static PFN_cuTensorMapEncodeTiled_v12000 encode = nullptr;
   if (encode == nullptr) {
     void* fn = nullptr;
@@ -263,10 +265,11 @@ cudaError_t encode_kv_map(CUtensorMap* map, const __nv_bfloat16* kv, cuuint64_t 
     if (err != cudaSuccess || found != cudaDriverEntryPointSuccess || fn == nullptr) return cudaErrorNotSupported;
     encode = reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
   }
-  const cuuint64_t dims[2] = {kTvmDimQK, rows};
-  const cuuint64_t strides[1] = {kTvmDimQK * sizeof(__nv_bfloat16)};
-  const cuuint32_t box[2] = {64, kBlockN}, elem_strides[2] = {1, 1};
-  const CUresult r = encode(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<__nv_bfloat16*>(kv), dims, strides,
+  const cuuint64_t row_bytes = kTvmDimQK * sizeof(__nv_bfloat16);
+  const cuuint64_t dims[3] = {kTvmDimQK, static_cast<cuuint64_t>(cache_len), static_cast<cuuint64_t>(batch)};
+  const cuuint64_t strides[2] = {row_bytes, row_bytes * cache_len};  // bytes, of dims 1 and 2
+  const cuuint32_t box[3] = {64, kBlockN, 1}, elem_strides[3] = {1, 1, 1};
+  const CUresult r = encode(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3, const_cast<__nv_bfloat16*>(kv), dims, strides,
                             box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
                             CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
@@ -274,7 +277,7 @@ cudaError_t encode_kv_map(CUtensorMap* map, const __nv_bfloat16* kv, cuuint64_t 
 
 cudaError_t launch_seesaw(const Params& p, dim3 grid, bool split, cudaStream_t stream) {
   SeesawParams sp{p, {}};
-  KDB_CUDA_TRY(encode_kv_map(&sp.kv_map, p.kv, static_cast<cuuint64_t>(p.batch) * p.cache_len));
+  KDB_CUDA_TRY(encode_kv_map(&sp.kv_map, p.kv, p.batch, p.cache_len));
   void (*kernel)(SeesawParams) = split ? tree_verify_mla_seesaw_kernel<true> : tree_verify_mla_seesaw_kernel<false>;
   KDB_CUDA_TRY(allow_dynamic_smem(kernel, kSsSmemBytes));
   kernel<<<grid, kThreads, kSsSmemBytes, stream>>>(sp);

@@ -24,13 +24,13 @@ struct SsCtx {  // what both warpgroups' pair steps read
   Role w;
   int row[2];                  // the thread's two rows within the M-tile
   const uint64_t* anc_row[2];  // their anc words (null past the request)
+  __device__ __forceinline__ SsTile tile(int i) const { return ss_tile(s_base, t_begin, i, kv_end, sp.p.cache_len); }
 };
 
-// S of tile i into s (zero-filling a tail tile first), in column-block order [J0, 9) then [0, J0); waited.
+// S of tile i into s, in column-block order [J0, 9) then [0, J0); waited.
 template <int J0>
 __device__ __forceinline__ void ss_first_qk(const SsCtx& x, float (&s)[8][4], const uint32_t (&rope)[4][4], int i) {
-  const SsTile k = ss_tile(x.s_base, x.t_begin, i);
-  ss_zero_tail(k, x.kv_end, x.smem, x.s_base, x.w.ch);
+  const SsTile k = x.tile(i);
   ss_qk<J0, 9, true>(s, rope, x.s_base, k);
   if constexpr (J0 > 0) ss_qk<0, J0, false>(s, rope, x.s_base, k);
   wgmma_wait<0>();
@@ -42,12 +42,11 @@ __device__ __forceinline__ void ss_first_qk(const SsCtx& x, float (&s)[8][4], co
 __device__ __forceinline__ void ss_pair_wg0_next(const SsCtx& x, int i, float (&s)[8][4], float (&acc)[32][4],
                                                  uint32_t (&pa)[4][4], const uint32_t (&rope)[4][4]) {
   if (i + 2 < x.n) {
-    const SsTile k2 = ss_tile(x.s_base, x.t_begin, i + 2);
-    ss_zero_tail(k2, x.kv_end, x.smem, x.s_base, 0);
+    const SsTile k2 = x.tile(i + 2);
     ss_qk<0, 4, true>(s, rope, x.s_base, k2);
     tvm_mark(i, kSsG);  // QK blocks 0..3 issued
     wgmma_wait<4>();  // O_L += P_{i+1} V_{i+1} done: stage 1's columns 0..255 are free
-    if (i + 3 < x.n && (threadIdx.x & 127) == 0) ss_load(x.sp, ss_tile(x.s_base, x.t_begin, i + 3), x.b, 0, 4);
+    if (i + 3 < x.n && (threadIdx.x & 127) == 0) ss_load(x.sp, x.tile(i + 3), x.b, 0, 4);
     tvm_mark(i, kSsH);  // remote PV done, refill issued
     ss_qk<4, 9, false>(s, rope, x.s_base, k2);
     tvm_mark(i, kSsI);  // QK blocks 4..8 issued
@@ -68,13 +67,14 @@ __device__ __forceinline__ void ss_pair_wg0_next(const SsCtx& x, int i, float (&
 // i + 3 once that PV is done. O_L's half of V is read last by this warpgroup, hence its refills.
 __device__ __forceinline__ void ss_pair_wg0(const SsCtx& x, int i, float (&s)[8][4], float (&acc)[32][4],
                                             uint32_t (&pa)[4][4], const uint32_t (&rope)[4][4], RowState& st) {
-  const SsTile k0 = ss_tile(x.s_base, x.t_begin, i), k1 = ss_tile(x.s_base, x.t_begin, i + 1);
+  const SsTile k0 = x.tile(i), k1 = x.tile(i + 1);
   const bool has1 = i + 1 < x.n, loader = (threadIdx.x & 127) == 0;
   const int c = x.w.lane & 3;
   float* s_max = reinterpret_cast<float*>(x.smem + kOffMax);  // [wg][64]
   uint64_t vis[2];
   tvm_mark(i, kSsStart);
   const bool masked = tile_mask(x.sp.p, k0.t, x.past, x.anc_row, vis);
+  ss_shift_vis(vis, k0);
   float mx[2], m_new[2], base[2];
   softmax_scores(s, vis, masked, x.sp.p.scale_log2, c, mx);
   for (int h = 0; h < 2; ++h) m_new[h] = fmaxf(st.m[h], mx[h]);
@@ -89,7 +89,7 @@ __device__ __forceinline__ void ss_pair_wg0(const SsCtx& x, int i, float (&s)[8]
   tvm_mark(i, kSsB);  // own PV issued
   wgmma_wait<0>();
   pp_fence_regs(acc, pa);
-  if (i + 2 < x.n && loader) ss_load(x.sp, ss_tile(x.s_base, x.t_begin, i + 2), x.b, 0, 4);
+  if (i + 2 < x.n && loader) ss_load(x.sp, x.tile(i + 2), x.b, 0, 4);
   tvm_mark(i, kSsC);  // own PV done, refill issued
   named_sync(kSsBarM1, 2 * 128);  // m1 in max[1], P_{i+1} in smem
   tvm_mark(i, kSsD);
@@ -106,7 +106,7 @@ __device__ __forceinline__ void ss_pair_wg0(const SsCtx& x, int i, float (&s)[8]
 // stage 1's columns 256..575 with tile i + 3 once that is done; after S0, S of tile i + 3 (its own refill first).
 __device__ __forceinline__ void ss_pair_wg1(const SsCtx& x, int i, float (&s)[8][4], float (&acc)[32][4],
                                             uint32_t (&pa)[4][4], const uint32_t (&rope)[4][4], RowState& st) {
-  const SsTile k0 = ss_tile(x.s_base, x.t_begin, i), k1 = ss_tile(x.s_base, x.t_begin, i + 1);
+  const SsTile k0 = x.tile(i), k1 = x.tile(i + 1);
   const bool has1 = i + 1 < x.n, loader = (threadIdx.x & 127) == 0;
   const int c = x.w.lane & 3;
   float* s_max = reinterpret_cast<float*>(x.smem + kOffMax);
@@ -121,6 +121,7 @@ __device__ __forceinline__ void ss_pair_wg1(const SsCtx& x, int i, float (&s)[8]
   if (has1) {
     uint64_t vis[2];
     const bool masked = tile_mask(x.sp.p, k1.t, x.past, x.anc_row, vis);
+    ss_shift_vis(vis, k1);
     softmax_scores(s, vis, masked, x.sp.p.scale_log2, c, mx);
   }
   tvm_mark(i, kSsG);  // the odd tile's row max known (before its exponentials and P's stores)
@@ -132,7 +133,7 @@ __device__ __forceinline__ void ss_pair_wg1(const SsCtx& x, int i, float (&s)[8]
   tvm_mark(i, kSsC);  // softmax done
   wgmma_wait<0>();  // O_R += P_i V_i done: stage 0's columns 256..575 are free, and so is P_i's smem
   pp_fence_regs(acc, pa);
-  if (i + 2 < x.n && loader) ss_load(x.sp, ss_tile(x.s_base, x.t_begin, i + 2), x.b, 4, 9);
+  if (i + 2 < x.n && loader) ss_load(x.sp, x.tile(i + 2), x.b, 4, 9);
   if (i + 2 < x.n) named_arrive(kSsBarF0, 2 * 128);
   rescale(acc, st, m_new, base);
   st.l[0] += lsum[0], st.l[1] += lsum[1];
@@ -141,7 +142,7 @@ __device__ __forceinline__ void ss_pair_wg1(const SsCtx& x, int i, float (&s)[8]
     pp_pv_issue_regs(acc, pa, k1.stage, 1);
     wgmma_wait<0>();  // O_R += P_{i+1} V_{i+1} done: stage 1's columns 256..575 are free
     pp_fence_regs(acc, pa);
-    if (i + 3 < x.n && loader) ss_load(x.sp, ss_tile(x.s_base, x.t_begin, i + 3), x.b, 4, 9);
+    if (i + 3 < x.n && loader) ss_load(x.sp, x.tile(i + 3), x.b, 4, 9);
   }
   tvm_mark(i, kSsE);  // own PV done, refill issued
   if (i + 2 < x.n) named_sync(kSsBarS0, 2 * 128);  // S of tile i + 2 done: QK of i + 3 overlaps its softmax
@@ -164,7 +165,7 @@ __global__ void __launch_bounds__(kThreads, 1) tree_verify_mla_seesaw_kernel(con
   if (threadIdx.x == 0) {
     for (int j = 0; j < 18; ++j) mbar_init(s_base + kSsOffBar + 8 * j, 1);
     fence_mbar_init();
-    for (int i = 0; i < min(n, 2); ++i) ss_load(sp, ss_tile(s_base, t_begin, i), b, 0, 9);
+    for (int i = 0; i < min(n, 2); ++i) ss_load(sp, ss_tile(s_base, t_begin, i, kv_end, p.cache_len), b, 0, 9);
   }
   if (n > 0) {
     load_tile<kThreads>(s_base, p.q + static_cast<size_t>(b) * rows * kTvmDimQK, m0, rows, threadIdx.x);

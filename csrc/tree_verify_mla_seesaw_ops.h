@@ -1,5 +1,5 @@
 // tree_verify_mla v4 (sm_90a), the seesaw path's building blocks: smem map, barrier ids, TMA loads of KV tiles
-// block by block, the tail-tile zero fill, QK over a range of column blocks, the rope fragments.
+// block by block (the tail tile's box ending at the request's last key), QK over a range of column blocks, the rope fragments.
 // The schedule that uses them: csrc/tree_verify_mla_seesaw.h; plans/0004.
 #pragma once
 #include <cuda.h>  // CUtensorMap (a type only; the launcher encodes it through the runtime's driver entry point)
@@ -21,11 +21,10 @@ constexpr int kSsBarM0 = 5;   // warpgroup 0 -> 1: m of the even tile in max[0] 
 constexpr int kSsBarM1 = 6;   // 1 -> 0: m of the odd tile in max[1] and its P in smem
 constexpr int kSsBarF0 = 7;   // 1 -> 0: warpgroup 1's PV on the even tile's P is done, its smem may be rewritten
 constexpr int kSsBarS0 = 8;   // 0 -> 1: S of the next even tile is done, the next odd tile's QK may start
-constexpr int kSsBarWg = 9;   // + wg, 128 threads: the warpgroup's zero fill of a tail tile is done
 
 struct SeesawParams {
   Params p;
-  CUtensorMap kv_map;  // [batch * cache_len rows, 576] bf16, box 64 x 64, 128-byte swizzle (the smem tile layout)
+  CUtensorMap kv_map;  // [batch][cache_len][576] bf16, box 1 x 64 x 64, 128-byte swizzle (the smem tile layout)
 };
 
 struct SsTile {  // one KV tile of the split as a warpgroup sees it
@@ -33,38 +32,35 @@ struct SsTile {  // one KV tile of the split as a warpgroup sees it
   uint32_t bars;    // smem address of the stage's 9 mbarriers
   uint32_t parity;  // (local index / 2) & 1: the stage's use count
   int t;            // tile index within the request
+  int shift;        // its box starts at cache row 64 t - shift (ss_tile); its columns < shift are masked
 };
-__device__ __forceinline__ SsTile ss_tile(uint32_t s_base, int t_begin, int i) {
+
+// Tile t's box is cache rows [64 t, 64 t + 64), except the tail tile of a request that ends inside the cache
+// (kv_end < S): its box ends at kv_end instead, so no row of it is an unwritten cache slot (NaN in the tests, and
+// P = 0 times NaN would reach O through V). Its first `shift` rows repeat the previous tile's keys (or, before the
+// request's row 0, arrive as TMA's zero fill) and are masked. Rows at or past S arrive as zeros: outside the past + T
+// <= S promise a visible column there scores 0, as v3's clamped loads give. No tile needs a zero fill, so neither
+// warpgroup runs a barrier the other does not (the one that did made racecheck misreport, plans/0004 s8).
+__device__ __forceinline__ SsTile ss_tile(uint32_t s_base, int t_begin, int i, int kv_end, int cache_len) {
   const uint32_t st = i & 1;
-  return {s_base + kOffKv + st * kTileBytes, s_base + kSsOffBar + 8 * 9 * st, static_cast<uint32_t>(i >> 1) & 1,
-          t_begin + i};
+  const int t = t_begin + i, shift = kv_end < cache_len ? max(0, (t + 1) * kBlockN - kv_end) : 0;
+  return {s_base + kOffKv + st * kTileBytes, s_base + kSsOffBar + 8 * 9 * st, static_cast<uint32_t>(i >> 1) & 1, t,
+          shift};
 }
 
-// Column blocks [j0, j1) of tile t into its stage, by one thread: one TMA box and one mbarrier per block.
+// Column blocks [j0, j1) of tile k of request b into its stage, by one thread: one TMA box and one mbarrier per block.
 __device__ __forceinline__ void ss_load(const SeesawParams& sp, const SsTile& k, int b, int j0, int j1) {
-  const int y = b * sp.p.cache_len + k.t * kBlockN;
+  const int y = k.t * kBlockN - k.shift;  // >= -63; TMA fills rows outside [0, S) with zeros
   for (int j = j0; j < j1; ++j) {
     mbar_expect_tx(k.bars + 8 * j, kColBlockBytes);
-    tma_load_2d(k.stage + j * kColBlockBytes, &sp.kv_map, 64 * j, y, k.bars + 8 * j);
+    tma_load_3d(k.stage + j * kColBlockBytes, &sp.kv_map, 64 * j, y, b, k.bars + 8 * j);
   }
 }
 
-// A tile that ends past the request's keys (rows [kv_end - 64 t, 64)): those rows of all 9 blocks to zero, once
-// every block landed; cache rows there hold anything (NaN in the tests) and P = 0 times NaN would reach O through
-// the V blocks (0..7). The rope block (8) matters only outside the past + T <= S promise, where a visible column
-// past kv_end then scores 0, as v3's clamped loads give. Other tiles: nothing. Called by the owner before its QK.
-__device__ __forceinline__ void ss_zero_tail(const SsTile& k, int kv_end, uint8_t* smem, uint32_t s_base, int wg) {
-  const int valid = kv_end - k.t * kBlockN;
-  if (valid >= kBlockN) return;
-  for (int j = 0; j < 9; ++j) mbar_wait(k.bars + 8 * j, k.parity);
-  const int per_block = (kBlockN - valid) * 8;  // 16-byte chunks per block
-  uint8_t* stage = smem + (k.stage - s_base);
-  for (int c = threadIdx.x & 127; c < 9 * per_block; c += 128) {
-    const int blk = c / per_block, r = c % per_block;
-    *reinterpret_cast<uint4*>(stage + blk * kColBlockBytes + (valid + r / 8) * 128 + 16 * (r % 8)) = make_uint4(0, 0, 0, 0);
-  }
-  fence_proxy_async_smem();
-  named_sync(kSsBarWg + wg, 128);
+// The masked tile's visibility words as its box holds it: bit r <=> cache row 64 t - shift + r, so the columns of
+// tile t move up by shift and the repeated rows below them are invisible (tile_mask's bits past kv_end drop out).
+__device__ __forceinline__ void ss_shift_vis(uint64_t (&vis)[2], const SsTile& k) {
+  vis[0] <<= k.shift, vis[1] <<= k.shift;  // shift <= 63: the tile holds at least one row below kv_end
 }
 
 // S (+)= Q K^T over column blocks [J0, J1) of the tile, one commit group per block, each after its mbarrier (and a

@@ -68,7 +68,8 @@ CORNERS = [
     Case(22, 1025, 1, (63,)),                                         # T = 1025: 17 words, 17 tail tiles
     Case(23, 65, 16, (200,), values="ties"),                          # tie-heavy scores
     Case(24, 3, 64, (5,), pad=((0, 0), (0, 1), (0, 2))),              # every node padding: o 0, lse -inf
-]
+    Case(25, 1, 16, (0, 63, 64, 1000)),                               # T 1: tails of 1, 64, 1 and 41 rows (seesaw's
+]                                                                     # shifted tail box from row -63, 0, 1, 937)
 
 
 def _is_sm90() -> bool:
@@ -222,8 +223,8 @@ def test_nan_in_unused_rows_never_leaks(ext, impl):
 @SM90_ONLY
 def test_seesaw_matches_pingpong_past_the_cache_end(ext):
     """past + T > S breaks the caller's promise: the request's last tree columns lie past the cache. v3's clamped
-    loads score them 0; v4's TMA reads the next request's rows there, so its tail fill zeroes all 9 column blocks
-    (rope included) to give the same numbers. The other request stays exact against the reference."""
+    loads score them 0; v4's TMA map is [batch][S][576], so rows past S arrive as zeros there too (all 9 column
+    blocks, rope included) and give the same numbers. The other request stays exact against the reference."""
     case = Case(41, 65, 16, (200, 30))
     inputs = make_inputs(case, seed=41)
     inputs["kv"] = np.ascontiguousarray(inputs["kv"][:, :case.past_lens[0] + case.nodes - 20])  # request 0: 20 past S

@@ -22,7 +22,7 @@ enum Mode {
   kV4EarlyRead = 5,   // control: warpgroup 0 reads slot 1 between the barriers, while warpgroup 1 writes it
   kV4Unrolled = 6,    // kV4 with the loop split in two bodies (even and odd i), as a pair loop's code layout
   kV4OneSidedWgBarrier = 7,  // kV4, but at i = 1 warpgroup 1 alone also syncs its 128 threads (id 9 + wg in a
-                             // register), as v4's tail fill does for the warpgroup that owns the tail tile
+                             // register), as v4's tail fill did (until s8) for the warpgroup owning the tail tile
   kV4Mbarrier = 8,           // kV4 after every thread arrives on and waits for an mbarrier (v4's TMA boxes' waits)
   kV4BothWgBarrier = 9,      // kV4 after a 128-thread barrier of each warpgroup (ids 9 and 10) every iteration
 };
