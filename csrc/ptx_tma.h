@@ -1,4 +1,4 @@
-// PTX wrappers for tree_verify_mla's seesaw path (v4, sm_90a): mbarriers, 3D tensor-memory-accelerator (TMA)
+// PTX wrappers for tree_verify_mla's seesaw path (v4, sm_90a) and the ping-pong's tile waits (v3): mbarriers, 3D tensor-memory-accelerator (TMA)
 // loads that complete on an mbarrier, the non-waiting named-barrier arrive, and the 64-wide wgmma with A from
 // registers. Elsewhere the init, the TMA load and the wgmma trap, the other mbarrier wrappers compile to nothing
 // (the launcher never selects the path there). Included by csrc/*.cu only.
@@ -26,6 +26,12 @@ __device__ __forceinline__ void fence_mbar_init() {
 __device__ __forceinline__ void mbar_expect_tx(uint32_t bar, uint32_t bytes) {
 #if KDB_HAS_WGMMA
   asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+#endif
+}
+// A plain arrive (no bytes): the phase completes when all `count` arrivals of mbar_init have come.
+__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
+#if KDB_HAS_WGMMA
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
 #endif
 }
 // Spins until the phase with this parity has completed (parity = use count & 1).

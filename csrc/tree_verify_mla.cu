@@ -248,7 +248,7 @@ int row_tiles(const TreeVerifyMlaShape& s) { return (s.nodes * s.heads + kBlockM
 
 using namespace tvm;  // this file's own kernels and constants
 
-int tree_verify_mla_smem_bytes() { return std::max(kSmemBytes, kSsSmemBytes); }
+int tree_verify_mla_smem_bytes() { return std::max({kSmemBytes, kPpSmemBytes, kSsSmemBytes}); }
 
 namespace {
 // The seesaw path's tensor map of the cache: [batch][cache_len][576] bf16 (innermost first below), boxes of one
@@ -324,8 +324,9 @@ cudaError_t tree_verify_mla_launch(const TreeVerifyMlaArgs& a, cudaStream_t stre
       case TvmPath::kWgmma: kernel = split ? tree_verify_mla_kernel<true, true> : tree_verify_mla_kernel<false, true>; break;
       default: kernel = split ? tree_verify_mla_kernel<true, false> : tree_verify_mla_kernel<false, false>; break;
     }
-    KDB_CUDA_TRY(allow_dynamic_smem(kernel, kSmemBytes));
-    kernel<<<grid, kThreads, kSmemBytes, stream>>>(p);
+    const int smem = a.path == TvmPath::kPingPong ? kPpSmemBytes : kSmemBytes;
+    KDB_CUDA_TRY(allow_dynamic_smem(kernel, smem));
+    kernel<<<grid, kThreads, smem, stream>>>(p);
   }
   if (split) {
     const int rows_per_block = 8;  // one warp per row

@@ -4,6 +4,7 @@
 // multiplies P_i from registers; each warpgroup keeps O for its 256 output dims. While one warpgroup runs its
 // softmax the other's wgmmas keep the tensor cores busy. Included by csrc/tree_verify_mla.cu; plans/0004.
 #pragma once
+#include "ptx_tma.h"  // mbarriers
 #include "tree_verify_mla_tile.h"
 
 namespace kdb {
@@ -13,7 +14,11 @@ namespace tvm {
 // warpgroup signals (named_signal: bar.sync, see ptx_mma.h), the consumer syncs.
 constexpr int kBarReady = 5;   // + tile parity: P_i in smem and m_i in s_max, published by tile i's owner
 constexpr int kBarFree = 7;    // + buffer: the non-owner finished its PV on the buffer's tile (buffer may refill)
-constexpr int kBarLoaded = 9;  // + warpgroup (128 threads): the warpgroup's own cp.async tile landed
+// One mbarrier per warpgroup (128 arrivals) after the sum: the warpgroup's own cp.async tile landed. Not a 128-thread
+// bar.sync: racecheck misreads the ordered 256-thread hand-offs after barriers that one warpgroup runs without the
+// other (reports/h200/racecheck_handoff.cu, plans/0004 s7 / s8); mbarrier waits it models.
+constexpr int kPpOffBar = kSmemUsed;
+constexpr int kPpSmemBytes = kSmemUsed + 2 * 8 + 1024;  // 231,440 B
 
 // Phase marks for tvm_mark (-DKDB_TVM_TRACE, tree_verify_mla_tile.h), per own tile.
 enum PpEvent { kEvStart, kEvFree, kEvRefill, kEvReady, kEvRemotePv, kEvLoaded, kEvQk, kEvFreeSignal, kEvQkDone,
@@ -113,6 +118,11 @@ __global__ void __launch_bounds__(kThreads, 1) tree_verify_mla_pingpong_kernel(c
   const int n = t_end - t_begin;
   const __nv_bfloat16* kv = p.kv + static_cast<size_t>(b) * p.cache_len * kTvmDimQK;
   const uint32_t s_base = smem_addr(smem), own_buf = s_base + kOffKv + wg * kTileBytes;
+  const uint32_t loaded = s_base + kPpOffBar + 8 * wg;
+  if (threadIdx.x == 0) {
+    mbar_init(s_base + kPpOffBar, 128), mbar_init(s_base + kPpOffBar + 8, 128);
+    fence_mbar_init();
+  }
   if (n > 0) {
     load_tile<kThreads>(s_base, p.q + static_cast<size_t>(b) * rows * kTvmDimQK, m0, rows, threadIdx.x);
     for (int i = 0; i < min(n, 2); ++i)
@@ -147,7 +157,8 @@ __global__ void __launch_bounds__(kThreads, 1) tree_verify_mla_pingpong_kernel(c
     if (i >= 2) {
       cp_async_wait_all();
       fence_proxy_async_smem();  // cp.async wrote through the generic proxy
-      named_sync(kBarLoaded + wg, 128);
+      mbar_arrive(loaded);
+      mbar_wait(loaded, ((i >> 1) - 1) & 1);  // the warpgroup's refills of tiles 2, 4, ... or 3, 5, ...: phases 0, 1, ...
       pp_mark(i, kEvLoaded);
     }
     float s[8][4];

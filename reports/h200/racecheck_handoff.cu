@@ -6,7 +6,7 @@
 // consistency: bar.sync is a release/acquire pattern among its participants), so a report on them is racecheck's
 // model, not the kernel. The controls drop one ordering and must be reported.
 // Build: nvcc -O3 -std=c++20 -gencode=arch=compute_90a,code=sm_90a racecheck_handoff.cu -o rch
-// Run:   for m in 0 1 2 3 4 5 6 7 8 9; do compute-sanitizer --tool racecheck ./rch $m; done
+// Run:   for m in 0 1 2 3 4 5 6 7 8 9 10 11; do compute-sanitizer --tool racecheck ./rch $m; done
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -25,6 +25,9 @@ enum Mode {
                              // register), as v4's tail fill did (until s8) for the warpgroup owning the tail tile
   kV4Mbarrier = 8,           // kV4 after every thread arrives on and waits for an mbarrier (v4's TMA boxes' waits)
   kV4BothWgBarrier = 9,      // kV4 after a 128-thread barrier of each warpgroup (ids 9 and 10) every iteration
+  kV4StaggeredWgBarrier = 10,  // kV4, each warpgroup syncs its own 128 threads once: 0 at i = 1, 1 at i = 2 (v3's
+                               // per-warpgroup tile waits until s8: equal counts, different places)
+  kV4OneSidedMbarrier = 11,    // kV4, but at i = 1 warpgroup 1 alone waits on its own 128-arrival mbarrier (v3 since s8)
 };
 
 __device__ __forceinline__ void mbar_round(uint32_t bar, uint32_t parity) {
@@ -36,9 +39,13 @@ __device__ __forceinline__ void mbar_round(uint32_t bar, uint32_t parity) {
 template <int kMode>
 __global__ void handoff(float* out, int iters) {
   __shared__ float slot[2][64];
-  __shared__ __align__(8) unsigned long long mbar;
+  __shared__ __align__(8) unsigned long long mbar, mbar_wg;
   const uint32_t mbar_addr = static_cast<uint32_t>(__cvta_generic_to_shared(&mbar));
-  if (threadIdx.x == 0) asm volatile("mbarrier.init.shared::cta.b64 [%0], 256;\n" ::"r"(mbar_addr) : "memory");
+  const uint32_t mbar_wg_addr = static_cast<uint32_t>(__cvta_generic_to_shared(&mbar_wg));
+  if (threadIdx.x == 0) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], 256;\n" ::"r"(mbar_addr) : "memory");
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], 128;\n" ::"r"(mbar_wg_addr) : "memory");
+  }
   __syncthreads();
   const int wg = threadIdx.x >> 7, warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31;
   const int c = lane & 3, row = 16 * warp + (lane >> 2);  // a thread's rows: row and row + 8, as the wgmma layout
@@ -57,6 +64,8 @@ __global__ void handoff(float* out, int iters) {
     } else {
       if (kMode == kV4BothWgBarrier || (kMode == kV4OneSidedWgBarrier && wg == 1 && i == 1))
         asm volatile("bar.sync %0, 128;\n" ::"r"(9 + wg) : "memory");
+      if (kMode == kV4StaggeredWgBarrier && i == 1 + wg) asm volatile("bar.sync %0, 128;\n" ::"r"(9 + wg) : "memory");
+      if (kMode == kV4OneSidedMbarrier && wg == 1 && i == 1) mbar_round(mbar_wg_addr, 0);
       if constexpr (kMode == kV4Mbarrier) mbar_round(mbar_addr, i & 1);
       const int id0 = kMode == kV4Block ? 0 : 5, id1 = kMode == kV4Block ? 0 : kMode == kV4SameId ? 5 : 6;
       if (wg == 0) {
@@ -98,8 +107,8 @@ int main(int argc, char** argv) {
   float* out = nullptr;
   cudaMalloc(&out, blocks * 256 * sizeof(float));
   void (*k[])(float*, int) = {handoff<0>, handoff<1>, handoff<2>, handoff<3>, handoff<4>,
-                              handoff<5>, handoff<6>, handoff<7>, handoff<8>, handoff<9>};
-  if (mode < 0 || mode > 9) return std::fprintf(stderr, "mode must be 0..9\n"), 2;
+                              handoff<5>, handoff<6>, handoff<7>, handoff<8>, handoff<9>, handoff<10>, handoff<11>};
+  if (mode < 0 || mode > 11) return std::fprintf(stderr, "mode must be 0..11\n"), 2;
   cudaFuncSetAttribute(k[mode], cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   k[mode]<<<blocks, 256, smem>>>(out, iters);
   const cudaError_t err = cudaDeviceSynchronize();
