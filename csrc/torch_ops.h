@@ -22,10 +22,14 @@ std::vector<at::Tensor> tree_build_topk(const at::Tensor& draft_logits, int64_t 
 
 // tree_verify_mla: q [B,T,H,576] bf16, kv [B,S,576] bf16 (tree rows at past_len..past_len+T-1),
 // past_lens [B] i32, anc [B,T,W] i64, scale = softmax scale. Returns {o_lat [B,T,H,512] bf16, lse [B,T,H] f32}.
-// impl: "auto" (wgmma on sm_90, else mma.sync), "wgmma" (sm_90 only) or "mma" (the mma.sync kernel).
+// impl: "auto" (the seesaw, v4, on sm_90, else mma.sync), "seesaw", "pingpong", "wgmma" (sm_90 only) or "mma".
 std::vector<at::Tensor> tree_verify_mla(const at::Tensor& q, const at::Tensor& kv,
                                         const at::Tensor& past_lens, const at::Tensor& anc,
                                         double scale, const std::string& impl);
+// The grid plan tree_verify_mla takes on the current device for this shape and impl: {num_splits, tail_start,
+// tail_pieces} (csrc/tree_verify_mla.h, TvmPlan), so tests can tell which plan a case exercised.
+std::vector<int64_t> tree_verify_mla_plan(int64_t batch, int64_t nodes, int64_t heads, int64_t cache_len,
+                                          const std::string& impl);
 
 // tree_accept: tokens [B,N] i64, first_child/next_sibling [B,N] i32, n_nodes [B] i32.
 // Returns {accepted [B, max_depth+1] i32 (-1 pad, root first), accept_len [B] i32, bonus [B] i64}.

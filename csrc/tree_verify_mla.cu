@@ -17,6 +17,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>  // getenv: KDB_TVM_TAIL
 
 namespace kdb {
 namespace tvm {
@@ -209,19 +210,33 @@ __global__ void __launch_bounds__(kThreads, 1) tree_verify_mla_kernel(const Para
   epilogue<kSplit>(p, acc, st, smem, b, split, m0, w);
 }
 
-// Merges split partials per row: o = sum_s w_s o_s / sum_s w_s, w_s = exp(lse_s - max lse). One warp per
-// row, 16 floats per lane. Rows with every split empty (padding nodes) get o = 0, lse = -inf.
+// Partial row r of each split's block -> its output row over the batch, or -1: a tail unit's M-tile rows past the
+// request (the epilogue wrote nothing there). Uniform splits: blocks of B x T x H rows, r is the row itself.
+__device__ __forceinline__ int combine_out_row(const Params& p, int r) {
+  const int rows = p.nodes * p.heads;
+  if (p.tail_pieces == 0) return r < p.batch * rows ? r : -1;
+  if (r >= p.tail_rows) return -1;
+  const int row_tiles = (rows + kBlockM - 1) / kBlockM, unit = p.tail_start + r / kBlockM;
+  const int row = (unit % row_tiles) * kBlockM + r % kBlockM;
+  return row < rows ? (unit / row_tiles) * rows + row : -1;
+}
+
+// Merges the partials per row: o = sum_s w_s o_s / sum_s w_s, w_s = exp(lse_s - max lse). One warp per row, 16
+// floats per lane. Rows with every split empty (padding nodes) get o = 0, lse = -inf.
 __global__ void __launch_bounds__(256) tree_verify_mla_combine(const Params p) {
-  const int rows_total = p.batch * p.nodes * p.heads, lane = threadIdx.x & 31;
-  const int row = blockIdx.x * (blockDim.x / 32) + (threadIdx.x >> 5);
-  if (row >= rows_total) return;
+  const int lane = threadIdx.x & 31, r = blockIdx.x * (blockDim.x / 32) + (threadIdx.x >> 5);
+  const int row = combine_out_row(p, r);
+  if (row < 0) return;
+  const bool tail = p.tail_pieces > 0;
+  const int parts = tail ? p.tail_pieces : p.num_splits;
+  const size_t stride = tail ? p.tail_rows : static_cast<size_t>(p.batch) * p.nodes * p.heads;
   float m = -INFINITY;
-  for (int s = 0; s < p.num_splits; ++s) m = fmaxf(m, p.part_lse[static_cast<size_t>(s) * rows_total + row]);
+  for (int s = 0; s < parts; ++s) m = fmaxf(m, p.part_lse[s * stride + r]);
   float4 acc[4] = {};
   float sum = 0.f;
   if (m != -INFINITY) {
-    for (int s = 0; s < p.num_splits; ++s) {
-      const size_t prow = static_cast<size_t>(s) * rows_total + row;
+    for (int s = 0; s < parts; ++s) {
+      const size_t prow = s * stride + r;
       const float w = expf(p.part_lse[prow] - m);  // 0 for empty splits, whose partial o is 0
       sum += w;
       const float4* src = reinterpret_cast<const float4*>(p.part_o + prow * kTvmDimV);
@@ -278,43 +293,78 @@ cudaError_t encode_kv_map(CUtensorMap* map, const __nv_bfloat16* kv, int batch, 
 cudaError_t launch_seesaw(const Params& p, dim3 grid, bool split, cudaStream_t stream) {
   SeesawParams sp{p, {}};
   KDB_CUDA_TRY(encode_kv_map(&sp.kv_map, p.kv, p.batch, p.cache_len));
-  void (*kernel)(SeesawParams) = split ? tree_verify_mla_seesaw_kernel<true> : tree_verify_mla_seesaw_kernel<false>;
+  void (*kernel)(SeesawParams) = p.tail_pieces > 0 ? tree_verify_mla_seesaw_kernel<kOutTail>
+                                 : split             ? tree_verify_mla_seesaw_kernel<kOutPartial>
+                                                     : tree_verify_mla_seesaw_kernel<kOutFinal>;
   KDB_CUDA_TRY(allow_dynamic_smem(kernel, kSsSmemBytes));
   kernel<<<grid, kThreads, kSsSmemBytes, stream>>>(sp);
   return cudaSuccess;
 }
-}  // namespace
 
-// Chooses the split count minimizing (waves x KV tiles per CTA), charging each split a fixed overhead,
-// as FlashMLA's scheduler does. Uses the allocated length S, the only context bound known on the host.
-int tree_verify_mla_num_splits(const TreeVerifyMlaShape& s, int num_sms) {
-  const int64_t ctas = static_cast<int64_t>(s.batch) * row_tiles(s);
-  const int tiles = std::max(1, (s.cache_len + kBlockN - 1) / kBlockN);
-  int best = 1;
-  int64_t best_cost = INT64_MAX;
-  for (int n = 1; n <= std::min(kMaxSplits, tiles); ++n) {
-    const int64_t waves = (ctas * n + num_sms - 1) / num_sms;
-    const int64_t cost = waves * ((tiles + n - 1) / n + (n > 1 ? kSplitOverheadTiles : 0));
-    if (cost < best_cost) best = n, best_cost = cost;
-  }
-  return best;
+// Critical path of a plan in KV-tile steps per SM, every unit taken as `tiles` long (the host knows S only): waves x
+// tiles per CTA, plus kSplitOverheadTiles for each wave of partials (Q load, pipeline fill, epilogue, combine).
+int64_t uniform_cost(int64_t units, int tiles, int n, int num_sms) {
+  const int64_t waves = (units * n + num_sms - 1) / num_sms;
+  return waves * ((tiles + n - 1) / n + (n > 1 ? kSplitOverheadTiles : 0));
+}
+int64_t tail_cost(int64_t units, int tiles, int pieces, int num_sms) {
+  return units / num_sms * tiles + (tiles + pieces - 1) / pieces + kSplitOverheadTiles;
 }
 
-size_t tree_verify_mla_workspace_floats(const TreeVerifyMlaShape& s, int num_splits) {
-  if (num_splits <= 1) return 0;
-  return static_cast<size_t>(num_splits) * s.batch * s.nodes * s.heads * (kTvmDimV + 1);
+bool tail_plan_allowed() {
+  const char* knob = std::getenv("KDB_TVM_TAIL");
+  return !(knob != nullptr && knob[0] == '0');
+}
+}  // namespace
+
+// Uniform: the split count minimizing uniform_cost, as FlashMLA's scheduler charges each split a fixed overhead.
+// Tail plan (seesaw only): with W full waves and R < num_sms units left, the R units run in floor(num_sms / R) pieces
+// (at most one per KV tile) beside each other in the last wave; taken when tail_cost beats the best uniform split.
+// Uses the allocated length S, the only context bound known on the host.
+TvmPlan tree_verify_mla_plan(const TreeVerifyMlaShape& s, int num_sms, TvmPath path) {
+  const int64_t units = static_cast<int64_t>(s.batch) * row_tiles(s);
+  const int tiles = std::max(1, (s.cache_len + kBlockN - 1) / kBlockN);
+  TvmPlan plan;
+  int64_t best_cost = INT64_MAX;
+  for (int n = 1; n <= std::min(kMaxSplits, tiles); ++n) {
+    const int64_t cost = uniform_cost(units, tiles, n, num_sms);
+    if (cost < best_cost) plan.num_splits = n, best_cost = cost;
+  }
+  const int64_t full = units / num_sms * num_sms, rest = units - full;
+  if (path != TvmPath::kSeesaw || full == 0 || rest == 0 || !tail_plan_allowed()) return plan;
+  const int pieces = static_cast<int>(std::min<int64_t>(num_sms / rest, tiles));
+  if (pieces >= 2 && tail_cost(units, tiles, pieces, num_sms) < best_cost)
+    plan = TvmPlan{1, static_cast<int>(full), pieces};
+  return plan;
+}
+
+size_t tree_verify_mla_workspace_floats(const TreeVerifyMlaShape& s, const TvmPlan& plan) {
+  const size_t row_floats = kTvmDimV + 1;
+  if (plan.tail_pieces > 0) {
+    const size_t tail_units = static_cast<size_t>(s.batch) * row_tiles(s) - plan.tail_start;
+    return static_cast<size_t>(plan.tail_pieces) * tail_units * kBlockM * row_floats;
+  }
+  if (plan.num_splits <= 1) return 0;
+  return static_cast<size_t>(plan.num_splits) * s.batch * s.nodes * s.heads * row_floats;
 }
 
 cudaError_t tree_verify_mla_launch(const TreeVerifyMlaArgs& a, cudaStream_t stream) {
   const TreeVerifyMlaShape& s = a.shape;
   if (s.batch == 0) return cudaSuccess;
-  const size_t rows_total = static_cast<size_t>(s.batch) * s.nodes * s.heads;
-  const bool split = a.num_splits > 1;
+  const TvmPlan& plan = a.plan;
+  const bool tail = plan.tail_pieces > 0, split = tail || plan.num_splits > 1;
+  if (tail && a.path != TvmPath::kSeesaw) return cudaErrorInvalidValue;  // only v4 decodes a tail plan's grid
+  const int64_t units = static_cast<int64_t>(s.batch) * row_tiles(s);
+  const int tail_units = tail ? static_cast<int>(units - plan.tail_start) : 0;
+  const size_t part_rows = tail ? static_cast<size_t>(tail_units) * kBlockM : static_cast<size_t>(s.batch) * s.nodes * s.heads;
+  const int parts = tail ? plan.tail_pieces : plan.num_splits;
   Params p{a.q, a.kv, a.past_lens, a.anc, a.o_lat, a.lse, split ? a.workspace : nullptr,
-           split ? a.workspace + static_cast<size_t>(a.num_splits) * rows_total * kTvmDimV : nullptr,
-           s.batch, s.nodes, s.heads, s.cache_len, s.words, a.num_splits,
-           static_cast<float>(a.scale * 1.4426950408889634)};
-  const dim3 grid(row_tiles(s), a.num_splits, s.batch);
+           split ? a.workspace + static_cast<size_t>(parts) * part_rows * kTvmDimV : nullptr,
+           s.batch, s.nodes, s.heads, s.cache_len, s.words, tail ? 1 : plan.num_splits,
+           static_cast<float>(a.scale * 1.4426950408889634), plan.tail_start, plan.tail_pieces,
+           tail_units * kBlockM};
+  const dim3 grid = tail ? dim3(static_cast<unsigned>(plan.tail_start + static_cast<int64_t>(tail_units) * plan.tail_pieces))
+                         : dim3(row_tiles(s), plan.num_splits, s.batch);
   if (a.path == TvmPath::kSeesaw) {
     KDB_CUDA_TRY(launch_seesaw(p, grid, split, stream));
   } else {
@@ -330,7 +380,7 @@ cudaError_t tree_verify_mla_launch(const TreeVerifyMlaArgs& a, cudaStream_t stre
   }
   if (split) {
     const int rows_per_block = 8;  // one warp per row
-    tree_verify_mla_combine<<<static_cast<unsigned>((rows_total + rows_per_block - 1) / rows_per_block),
+    tree_verify_mla_combine<<<static_cast<unsigned>((part_rows + rows_per_block - 1) / rows_per_block),
                               32 * rows_per_block, 0, stream>>>(p);
   }
   return cudaGetLastError();

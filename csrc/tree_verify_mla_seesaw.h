@@ -151,15 +151,37 @@ __device__ __forceinline__ void ss_pair_wg1(const SsCtx& x, int i, float (&s)[8]
   tvm_mark(i, kSsEnd);  // S of tile i + 3 done
 }
 
-// Grid (row tiles, splits, batch), 256 threads, one CTA per SM.
-template <bool kSplit>
+// The unit (request b, M-tile m0) and KV split a CTA runs, and where its rows go (epilogue_rows). Grid (row tiles,
+// splits, batch) for kOutFinal / kOutPartial; one dimension for the tail plan: CTAs [0, tail_start) run units
+// [0, tail_start) whole, the rest run the later units' pieces, the pieces of a unit side by side.
+struct SsUnit {
+  int b, m0, split, splits;
+  int64_t part_base;
+};
+template <int kOut>
+__device__ __forceinline__ SsUnit ss_unit(const Params& p) {
+  if constexpr (kOut != kOutTail) {
+    const int b = blockIdx.z, split = blockIdx.y, m0 = blockIdx.x * kBlockM;
+    return {b, m0, split, p.num_splits, split_part_base(p, b, split, m0)};
+  } else {
+    const int c = blockIdx.x, row_tiles = (p.nodes * p.heads + kBlockM - 1) / kBlockM, k = c - p.tail_start;
+    const bool whole = k < 0;
+    const int unit = whole ? c : p.tail_start + k / p.tail_pieces, piece = whole ? 0 : k % p.tail_pieces;
+    const int64_t base = whole ? -1 : static_cast<int64_t>(piece) * p.tail_rows + (unit - p.tail_start) * kBlockM;
+    return {unit / row_tiles, (unit % row_tiles) * kBlockM, piece, whole ? 1 : p.tail_pieces, base};
+  }
+}
+
+// 256 threads, one CTA per SM; kOut: TvmOut (the grid as ss_unit reads it).
+template <int kOut>
 __global__ void __launch_bounds__(kThreads, 1) tree_verify_mla_seesaw_kernel(const __grid_constant__ SeesawParams sp) {
   const Params& p = sp.p;
   extern __shared__ __align__(1024) uint8_t smem_raw[];
   uint8_t* smem = smem_raw + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023);  // 1024-byte swizzle atoms
-  const int b = blockIdx.z, split = blockIdx.y, m0 = blockIdx.x * kBlockM;
+  const SsUnit u = ss_unit<kOut>(p);
+  const int b = u.b, m0 = u.m0;
   const Role w = role<true>();
-  const auto [past, kv_end, t_begin, t_end] = split_tiles(p, b, split);
+  const auto [past, kv_end, t_begin, t_end] = split_tiles(p, b, u.split, u.splits);
   const int n = t_end - t_begin, rows = p.nodes * p.heads;
   const uint32_t s_base = smem_addr(smem);
   if (threadIdx.x == 0) {
@@ -192,7 +214,7 @@ __global__ void __launch_bounds__(kThreads, 1) tree_verify_mla_seesaw_kernel(con
   }
   wgmma_wait<0>();
   pp_fence_regs(acc, pa);
-  epilogue<kSplit>(p, acc, st, smem, b, split, m0, w);
+  epilogue_rows<kOut>(p, acc, st, smem, b, m0, w, u.part_base);
 }
 
 }  // namespace tvm

@@ -41,6 +41,9 @@ struct Params {
   float* part_lse;  // [splits, B*T*H] partial natural-log lse (split mode only)
   int batch, nodes, heads, cache_len, words, num_splits;
   float scale_log2;  // scale * log2(e): scores live in log2 units so exp2 needs no extra multiply
+  // The seesaw's tail plan (TvmPlan, tail_pieces > 0): units (request, M-tile) [0, tail_start) whole, each later unit
+  // in tail_pieces pieces whose partials are [tail_pieces, tail_rows = 64 x tail units] rows (part_o / part_lse).
+  int tail_start, tail_pieces, tail_rows;
 };
 
 // Phase timestamps (SM clock) of one CTA in the middle of the grid, thread 0 of each warpgroup, per step and event
@@ -227,17 +230,20 @@ __device__ __forceinline__ void softmax_exp(float (&s)[8][4], uint32_t (&pa)[4][
   for (int kk = 0; kk < 4; ++kk) stsm_x4(p_addr + x4_off(row[0] & ~15, 4 * (row[0] & 7) + c, kk), pa[kk]);
 }
 
-// The KV tiles split `split` of request b attends: cache rows [0, kv_end) (later rows never load), tiles
+// The KV tiles split `split` of `splits` of request b attends: cache rows [0, kv_end) (later rows never load), tiles
 // [t_begin, t_end) of them (an empty range for an empty split).
 struct SplitTiles {
   int past, kv_end, t_begin, t_end;
 };
-__device__ __forceinline__ SplitTiles split_tiles(const Params& p, int b, int split) {
+__device__ __forceinline__ SplitTiles split_tiles(const Params& p, int b, int split, int splits) {
   const int past = max(p.past_lens[b], 0);
   const int kv_end = min(past + p.nodes, p.cache_len);
   const int n_tiles = (kv_end + kBlockN - 1) / kBlockN;
-  return {past, kv_end, static_cast<int>(static_cast<int64_t>(n_tiles) * split / p.num_splits),
-          static_cast<int>(static_cast<int64_t>(n_tiles) * (split + 1) / p.num_splits)};
+  return {past, kv_end, static_cast<int>(static_cast<int64_t>(n_tiles) * split / splits),
+          static_cast<int>(static_cast<int64_t>(n_tiles) * (split + 1) / splits)};
+}
+__device__ __forceinline__ SplitTiles split_tiles(const Params& p, int b, int split) {
+  return split_tiles(p, b, split, p.num_splits);
 }
 
 // The anc words of a thread's two accumulator rows (16 rg + lane / 4, + 8) of M-tile m0; null past the request.
@@ -257,13 +263,18 @@ __device__ __forceinline__ bool node_is_real(const uint64_t* anc_row, int words)
   return any != 0;
 }
 
-// Finishes the row sums across the lane quad and the warp pair, then writes O and lse (bf16 output and
-// final lse, or fp32 partials for the combine kernel in split mode).
-template <bool kSplit>
-__device__ __forceinline__ void epilogue(const Params& p, float (&acc)[32][4], RowState& st, uint8_t* smem,
-                                         int b, int split, int m0, Role w) {
+// Where a CTA's rows go: bf16 O and the final lse (kOutFinal), fp32 partials for the combine kernel (kOutPartial),
+// or, in the seesaw's tail plan, partials when part_base >= 0 and final rows otherwise (kOutTail).
+enum TvmOut { kOutFinal = 0, kOutPartial = 1, kOutTail = 2 };
+
+// Finishes the row sums across the lane quad and the warp pair, then writes O and lse of M-tile m0 of request b;
+// partial row of M-tile row r = part_base + r.
+template <int kOut>
+__device__ __forceinline__ void epilogue_rows(const Params& p, float (&acc)[32][4], RowState& st, uint8_t* smem,
+                                              int b, int m0, Role w, int64_t part_base) {
   float* red_sum = reinterpret_cast<float*>(smem + kOffSum);
   const int g = w.lane >> 2, c = w.lane & 3, rows = p.nodes * p.heads, rg = w.rg, ch = w.ch;
+  const bool partial = kOut == kOutPartial || (kOut == kOutTail && part_base >= 0);
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     st.l[h] += __shfl_xor_sync(0xffffffffu, st.l[h], 1);
@@ -273,22 +284,22 @@ __device__ __forceinline__ void epilogue(const Params& p, float (&acc)[32][4], R
   pair_sync(rg);
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
-    const int row = m0 + 16 * rg + g + 8 * h;  // row within the request: node * H + head
+    const int r = 16 * rg + g + 8 * h, row = m0 + r;  // row within the request: node * H + head
     if (row >= rows) continue;
-    const float l = st.l[h] + red_sum[(ch ^ 1) * kBlockM + 16 * rg + g + 8 * h];
+    const float l = st.l[h] + red_sum[(ch ^ 1) * kBlockM + r];
     const int node = row / p.heads;
     const bool seen = l > 0.f && node_is_real(p.anc + (static_cast<size_t>(b) * p.nodes + node) * p.words, p.words);
     const float inv_l = seen ? 1.f / l : 0.f;
     const float lse = seen ? st.m[h] * kLn2 + logf(l) : -INFINITY;
-    const size_t grow = static_cast<size_t>(b) * rows + row;  // global row over the batch
-    if constexpr (kSplit) {
-      const size_t prow = static_cast<size_t>(split) * p.batch * rows + grow;
+    if (partial) {
+      const size_t prow = static_cast<size_t>(part_base + r);
       float* out = p.part_o + prow * kTvmDimV + 256 * ch + 2 * c;
 #pragma unroll
       for (int j = 0; j < 32; ++j)
         *reinterpret_cast<float2*>(out + 8 * j) = make_float2(acc[j][2 * h] * inv_l, acc[j][2 * h + 1] * inv_l);
       if (ch == 0 && c == 0) p.part_lse[prow] = lse;
     } else {
+      const size_t grow = static_cast<size_t>(b) * rows + row;  // global row over the batch
       __nv_bfloat16* out = p.o_lat + grow * kTvmDimV + 256 * ch + 2 * c;
 #pragma unroll
       for (int j = 0; j < 32; ++j)
@@ -297,6 +308,17 @@ __device__ __forceinline__ void epilogue(const Params& p, float (&acc)[32][4], R
       if (ch == 0 && c == 0) p.lse[grow] = lse;
     }
   }
+}
+
+// The uniform split's rows: partials of split s at [s, B x T x H] (the combine's layout), or final rows.
+__device__ __forceinline__ int64_t split_part_base(const Params& p, int b, int split, int m0) {
+  const int64_t rows = static_cast<int64_t>(p.nodes) * p.heads;
+  return split * p.batch * rows + b * rows + m0;
+}
+template <bool kSplit>
+__device__ __forceinline__ void epilogue(const Params& p, float (&acc)[32][4], RowState& st, uint8_t* smem,
+                                         int b, int split, int m0, Role w) {
+  epilogue_rows<kSplit ? kOutPartial : kOutFinal>(p, acc, st, smem, b, m0, w, split_part_base(p, b, split, m0));
 }
 
 }  // namespace tvm

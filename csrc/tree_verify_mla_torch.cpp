@@ -97,8 +97,9 @@ std::vector<at::Tensor> tree_verify_mla(const at::Tensor& q, const at::Tensor& k
               " (built for H100/H200-class GPUs, 227 KB)");
   auto o_lat = at::empty({shape.batch, shape.nodes, shape.heads, kTvmDimV}, q.options());
   auto lse = at::empty({shape.batch, shape.nodes, shape.heads}, q.options().dtype(at::kFloat));
-  const int num_splits = tree_verify_mla_num_splits(shape, num_sms);
-  const size_t ws_floats = tree_verify_mla_workspace_floats(shape, num_splits);
+  const TvmPath path = pick_path(impl, dev);
+  const TvmPlan plan = tree_verify_mla_plan(shape, num_sms, path);
+  const size_t ws_floats = tree_verify_mla_workspace_floats(shape, plan);
   at::Tensor workspace;
   if (ws_floats > 0) workspace = at::empty({static_cast<int64_t>(ws_floats)}, q.options().dtype(at::kFloat));
 
@@ -112,11 +113,26 @@ std::vector<at::Tensor> tree_verify_mla(const at::Tensor& q, const at::Tensor& k
   args.workspace = ws_floats > 0 ? workspace.data_ptr<float>() : nullptr;
   args.shape = shape;
   args.scale = scale;
-  args.num_splits = num_splits;
-  args.path = pick_path(impl, dev);
+  args.plan = plan;
+  args.path = path;
   const cudaError_t err = tree_verify_mla_launch(args, c10::cuda::getCurrentCUDAStream());
   TORCH_CHECK(err == cudaSuccess, "tree_verify_mla: launch failed: ", kdb::fmt(cudaGetErrorString(err)));
   return {o_lat, lse};
+}
+
+std::vector<int64_t> tree_verify_mla_plan(int64_t batch, int64_t nodes, int64_t heads, int64_t cache_len,
+                                          const std::string& impl) {
+  TORCH_CHECK(batch >= 1 && nodes >= 1 && heads >= 1 && cache_len >= nodes && cache_len <= (int64_t{1} << 30) &&
+                  nodes * heads <= (int64_t{1} << 30),
+              "tree_verify_mla_plan: needs batch, T, H >= 1 and T <= S <= 2^30, got B ", kdb::fmt(batch), ", T ",
+              kdb::fmt(nodes), ", H ", kdb::fmt(heads), ", S ", kdb::fmt(cache_len));
+  int dev = 0, num_sms = 0;
+  C10_CUDA_CHECK(cudaGetDevice(&dev));
+  C10_CUDA_CHECK(cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, dev));
+  const TreeVerifyMlaShape shape{static_cast<int>(batch), static_cast<int>(nodes), static_cast<int>(heads),
+                                 static_cast<int>(cache_len), static_cast<int>((nodes + 63) / 64)};
+  const TvmPlan plan = tree_verify_mla_plan(shape, num_sms, pick_path(impl, dev));
+  return {plan.num_splits, plan.tail_start, plan.tail_pieces};
 }
 
 }  // namespace kdb

@@ -239,6 +239,40 @@ def test_seesaw_matches_pingpong_past_the_cache_end(ext):
         assert res.passed, f"request 1 (past 30, fits): rel L2 {res.rel_l2:.3e}, max abs {res.max_abs:.3e}"
 
 
+def _tail_case(ext, seed: int, nodes: int, heads: int, past_of, min_pieces: int) -> tuple[Case, list[int]]:
+    """The smallest batch whose seesaw plan on this GPU is a tail plan of >= min_pieces pieces (units = B x M-tiles
+    past a whole number of waves): the case and its plan [num_splits, tail_start, tail_pieces]."""
+    for batch in range(1, 257):
+        pasts = tuple(past_of(b) for b in range(batch))
+        plan = list(ext.tree_verify_mla_plan(batch, nodes, heads, max(pasts) + nodes + 37, "seesaw"))
+        if plan[2] >= min_pieces:
+            return Case(seed, nodes, heads, pasts, pad=((batch - 1, nodes // 2),), heads_checked=(0, heads - 1)), plan
+    raise AssertionError(f"no batch up to 256 gives a tail plan of >= {min_pieces} pieces for T {nodes}, H {heads}")
+
+
+@BIG_SMEM
+@SM90_ONLY
+@pytest.mark.parametrize("nodes, heads, past_of, min_pieces", [
+    (65, 64, lambda b: (300, 1, 4000)[b % 3], 2),        # 65 M-tiles per request; 132 SMs: B 3, 63 units in 2 pieces
+    (9, 64, lambda b: 1 + (97 * (14 - b)) % 1500, 4),    # 9 M-tiles; B 15: 3 units (request 14, past 1: one KV
+                                                         # tile) in 22 pieces, 21 of them empty
+], ids=["t65-2pieces", "t9-many-pieces"])
+def test_seesaw_tail_plan(ext, monkeypatch, nodes, heads, past_of, min_pieces):
+    """The tail plan (the last partial wave's units in KV pieces, merged by the combine) against float64, and the
+    same inputs with the plan off (KDB_TVM_TAIL=0: the uniform plan) give the same numbers to the fp32 merge order."""
+    case, plan = _tail_case(ext, 50 + nodes, nodes, heads, past_of, min_pieces)
+    check_case(ext, case, trial=0, impl="seesaw")
+    inputs = make_inputs(case, seed=1000 * case.seed)
+    o_t, lse_t = run_kernel(ext, inputs, poison=float("nan"), impl="seesaw")
+    monkeypatch.setenv("KDB_TVM_TAIL", "0")
+    off = list(ext.tree_verify_mla_plan(case.batch, nodes, heads, inputs["kv"].shape[1], "seesaw"))
+    assert off[2] == 0, f"KDB_TVM_TAIL=0 must turn the tail plan off, got {off} (on: {plan})"
+    o_u, lse_u = run_kernel(ext, inputs, poison=float("nan"), impl="seesaw")
+    real = np.isfinite(lse_u)
+    assert np.array_equal(real, np.isfinite(lse_t)) and np.max(np.abs(lse_t[real] - lse_u[real])) < 1e-4
+    assert np.max(np.abs(o_t - o_u)) < 2e-2
+
+
 @pytest.mark.parametrize("change, message", [
     (lambda a: {**a, "q": a["q"].float()}, "q must be bfloat16"),
     (lambda a: {**a, "past_lens": a["past_lens"].long()}, "past_lens must be int32"),

@@ -2,9 +2,9 @@
 // standalone (no torch) and launched on the three sanitize_kernels.py shapes, path chosen on the command line.
 // Built twice: as shipped (the producer signals with bar.sync) and with -DKDB_PINGPONG_BAR_ARRIVE (bar.arrive, the
 // form shipped until 2026-12-01 s3). racecheck flags the arrive build only: it does not treat bar.arrive ->
-// bar.sync as an edge. Usage: racecheck_pingpong {mma|wgmma|pingpong} [time]
-// `time`: the three shapes whose 1.25x-over-the-cascade target is missed, CUDA events (3 warm-up, median of 15),
-// so the two builds' cost can be compared. Paths: mma, wgmma, pingpong (the default here) and seesaw (v4, the extension's default on sm_90).
+// bar.sync as an edge. Usage: racecheck_pingpong {mma|wgmma|pingpong|seesaw} [time [all] | trace]
+// `time`: three peer anchor shapes (`all`: the six), CUDA events (3 warm-up, median of 15), so two builds' cost can be
+// compared; KDB_TVM_TAIL=0 turns the seesaw's tail plan off (the same binary's A/B). Paths: mma, wgmma, pingpong (the default here) and seesaw (v4, the extension's default on sm_90).
 // Every run prints a hash of all output bits; built with -DKDB_TVM_JITTER (random sleeps around every named barrier),
 // repeated runs must print the hashes of the plain build (plans/0004, "Design v4").
 // `trace` (build with -DKDB_TVM_TRACE): per-phase timestamps of one CTA in the middle of the grid (thread 0 of each
@@ -88,9 +88,10 @@ static void run_shape(int b, int h, int t, int past, kdb::TvmPath path, std::mt1
   kdb::TreeVerifyMlaShape sh{b, t, h, s, words};
   int sms = 0;
   check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0), "attr");
-  const int splits = kdb::tree_verify_mla_num_splits(sh, sms);
+  const kdb::TvmPlan plan = kdb::tree_verify_mla_plan(sh, sms, path);
+  const int splits = plan.tail_pieces > 0 ? plan.tail_pieces : plan.num_splits;
   void *dq, *dkv, *dpl, *danc, *dout, *dlse, *dws = nullptr;
-  const size_t ws = kdb::tree_verify_mla_workspace_floats(sh, splits);
+  const size_t ws = kdb::tree_verify_mla_workspace_floats(sh, plan);
   check(cudaMalloc(&dq, q.size() * 2), "malloc"); check(cudaMalloc(&dkv, kv.size() * 2), "malloc");
   check(cudaMalloc(&dpl, b * 4), "malloc"); check(cudaMalloc(&danc, anc.size() * 8), "malloc");
   check(cudaMalloc(&dout, size_t(b) * t * h * 512 * 2), "malloc"); check(cudaMalloc(&dlse, size_t(b) * t * h * 4), "malloc");
@@ -102,7 +103,7 @@ static void run_shape(int b, int h, int t, int past, kdb::TvmPath path, std::mt1
   kdb::TreeVerifyMlaArgs a{static_cast<const __nv_bfloat16*>(dq), static_cast<const __nv_bfloat16*>(dkv),
                            static_cast<const int32_t*>(dpl), static_cast<const uint64_t*>(danc),
                            static_cast<__nv_bfloat16*>(dout), static_cast<float*>(dlse), static_cast<float*>(dws),
-                           sh, 0.1309, splits, path};
+                           sh, 0.1309, plan, path};
   check(kdb::tree_verify_mla_launch(a, nullptr), "launch");
   check(cudaDeviceSynchronize(), "sync");
   if (timed) {
@@ -125,7 +126,7 @@ static void run_shape(int b, int h, int t, int past, kdb::TvmPath path, std::mt1
     check(cudaDeviceSynchronize(), "sync");
     const int tiles = (past + t + 63) / 64;
     std::printf("trace B %d H %d T %d past %d splits %d:\n", b, h, t, past, splits);
-    print_trace((tiles + splits - 1) / splits, path);
+    print_trace(plan.tail_pieces > 0 ? tiles : (tiles + splits - 1) / splits, path);  // the traced CTA is a whole unit
   }
 #else
   (void)traced;
@@ -142,7 +143,8 @@ static void run_shape(int b, int h, int t, int past, kdb::TvmPath path, std::mt1
   };
   mix(o.data(), o.size() * 2);
   mix(lse.data(), lse.size() * 4);
-  std::printf("B %d H %d T %d past %d splits %d: sum of lse %.6f, output hash %016llx\n", b, h, t, past, splits, sum,
+  std::printf("B %d H %d T %d past %d splits %d%s: sum of lse %.6f, output hash %016llx\n", b, h, t, past, splits,
+              plan.tail_pieces > 0 ? " (tail plan: pieces of the last wave's units)" : "", sum,
               static_cast<unsigned long long>(fnv));
   cudaFree(dq); cudaFree(dkv); cudaFree(dpl); cudaFree(danc); cudaFree(dout); cudaFree(dlse); if (dws) cudaFree(dws);
 }
@@ -164,9 +166,15 @@ int main(int argc, char** argv) {
     run_shape(16, 64, 65, 8192, path, rng, true);
     run_shape(64, 8, 9, 32768, path, rng, true);
     run_shape(32, 64, 9, 16384, path, rng, true);
+    if (argc > 3 && !std::strcmp(argv[3], "all")) {  // the other peer anchors (plans/0004): the tail plan's shapes
+      run_shape(64, 16, 65, 4096, path, rng, true);
+      run_shape(8, 128, 257, 8192, path, rng, true);
+      run_shape(4, 64, 1025, 2048, path, rng, true);
+    }
     return 0;
   }
   run_shape(4, 64, 65, 300, path, rng);    // no split (260 CTAs), pairs of tiles with a tail
+  run_shape(3, 64, 65, 300, path, rng);    // seesaw: the tail plan (132 whole units, 63 in 2 pieces)
   run_shape(2, 16, 65, 300, path, rng);    // split, many row tiles
   run_shape(1, 8, 17, 4097, path, rng);    // split-KV, few rows
   run_shape(3, 8, 9, 191, path, rng);      // ragged small
