@@ -212,7 +212,7 @@ __global__ void __launch_bounds__(kThreads, 1) tree_verify_mla_kernel(const Para
 
 // Partial row r of each split's block -> its output row over the batch, or -1: a tail unit's M-tile rows past the
 // request (the epilogue wrote nothing there). Uniform splits: blocks of B x T x H rows, r is the row itself.
-__device__ __forceinline__ int combine_out_row(const Params& p, int r) {
+__host__ __device__ __forceinline__ int combine_out_row(const Params& p, int r) {
   const int rows = p.nodes * p.heads;
   if (p.tail_pieces == 0) return r < p.batch * rows ? r : -1;
   if (r >= p.tail_rows) return -1;
@@ -348,23 +348,40 @@ size_t tree_verify_mla_workspace_floats(const TreeVerifyMlaShape& s, const TvmPl
   return static_cast<size_t>(plan.num_splits) * s.batch * s.nodes * s.heads * row_floats;
 }
 
-cudaError_t tree_verify_mla_launch(const TreeVerifyMlaArgs& a, cudaStream_t stream) {
+namespace tvm {
+// The kernels' parameters and grids for args (its pointers are only copied here, never read): the attention grid as
+// the path's kernel decodes it, and the rows of each split's partial block that the combine merges (0: no combine).
+struct TvmLaunch {
+  Params p;
+  dim3 grid;
+  size_t part_rows;
+};
+TvmLaunch plan_launch(const TreeVerifyMlaArgs& a) {
   const TreeVerifyMlaShape& s = a.shape;
-  if (s.batch == 0) return cudaSuccess;
   const TvmPlan& plan = a.plan;
   const bool tail = plan.tail_pieces > 0, split = tail || plan.num_splits > 1;
-  if (tail && a.path != TvmPath::kSeesaw) return cudaErrorInvalidValue;  // only v4 decodes a tail plan's grid
   const int64_t units = static_cast<int64_t>(s.batch) * row_tiles(s);
   const int tail_units = tail ? static_cast<int>(units - plan.tail_start) : 0;
-  const size_t part_rows = tail ? static_cast<size_t>(tail_units) * kBlockM : static_cast<size_t>(s.batch) * s.nodes * s.heads;
+  const size_t part_rows = !split ? 0
+                           : tail ? static_cast<size_t>(tail_units) * kBlockM
+                                  : static_cast<size_t>(s.batch) * s.nodes * s.heads;
   const int parts = tail ? plan.tail_pieces : plan.num_splits;
-  Params p{a.q, a.kv, a.past_lens, a.anc, a.o_lat, a.lse, split ? a.workspace : nullptr,
-           split ? a.workspace + static_cast<size_t>(parts) * part_rows * kTvmDimV : nullptr,
-           s.batch, s.nodes, s.heads, s.cache_len, s.words, tail ? 1 : plan.num_splits,
-           static_cast<float>(a.scale * 1.4426950408889634), plan.tail_start, plan.tail_pieces,
-           tail_units * kBlockM};
+  const Params p{a.q, a.kv, a.past_lens, a.anc, a.o_lat, a.lse, split ? a.workspace : nullptr,
+                 split ? a.workspace + static_cast<size_t>(parts) * part_rows * kTvmDimV : nullptr,
+                 s.batch, s.nodes, s.heads, s.cache_len, s.words, tail ? 1 : plan.num_splits,
+                 static_cast<float>(a.scale * 1.4426950408889634), plan.tail_start, plan.tail_pieces,
+                 tail_units * kBlockM};
   const dim3 grid = tail ? dim3(static_cast<unsigned>(plan.tail_start + static_cast<int64_t>(tail_units) * plan.tail_pieces))
                          : dim3(row_tiles(s), plan.num_splits, s.batch);
+  return {p, grid, part_rows};
+}
+}  // namespace tvm
+
+cudaError_t tree_verify_mla_launch(const TreeVerifyMlaArgs& a, cudaStream_t stream) {
+  if (a.shape.batch == 0) return cudaSuccess;
+  if (a.plan.tail_pieces > 0 && a.path != TvmPath::kSeesaw) return cudaErrorInvalidValue;  // only v4 decodes it
+  const auto [p, grid, part_rows] = plan_launch(a);
+  const bool split = part_rows > 0;
   if (a.path == TvmPath::kSeesaw) {
     KDB_CUDA_TRY(launch_seesaw(p, grid, split, stream));
   } else {

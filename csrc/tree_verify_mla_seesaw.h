@@ -158,17 +158,20 @@ struct SsUnit {
   int b, m0, split, splits;
   int64_t part_base;
 };
+__host__ __device__ __forceinline__ SsUnit ss_tail_unit(const Params& p, int c) {  // c: the CTA's index
+  const int row_tiles = (p.nodes * p.heads + kBlockM - 1) / kBlockM, k = c - p.tail_start;
+  const bool whole = k < 0;
+  const int unit = whole ? c : p.tail_start + k / p.tail_pieces, piece = whole ? 0 : k % p.tail_pieces;
+  const int64_t base = whole ? -1 : static_cast<int64_t>(piece) * p.tail_rows + (unit - p.tail_start) * kBlockM;
+  return {unit / row_tiles, (unit % row_tiles) * kBlockM, piece, whole ? 1 : p.tail_pieces, base};
+}
 template <int kOut>
 __device__ __forceinline__ SsUnit ss_unit(const Params& p) {
   if constexpr (kOut != kOutTail) {
     const int b = blockIdx.z, split = blockIdx.y, m0 = blockIdx.x * kBlockM;
     return {b, m0, split, p.num_splits, split_part_base(p, b, split, m0)};
   } else {
-    const int c = blockIdx.x, row_tiles = (p.nodes * p.heads + kBlockM - 1) / kBlockM, k = c - p.tail_start;
-    const bool whole = k < 0;
-    const int unit = whole ? c : p.tail_start + k / p.tail_pieces, piece = whole ? 0 : k % p.tail_pieces;
-    const int64_t base = whole ? -1 : static_cast<int64_t>(piece) * p.tail_rows + (unit - p.tail_start) * kBlockM;
-    return {unit / row_tiles, (unit % row_tiles) * kBlockM, piece, whole ? 1 : p.tail_pieces, base};
+    return ss_tail_unit(p, blockIdx.x);
   }
 }
 
