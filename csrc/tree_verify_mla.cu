@@ -10,6 +10,7 @@
 #include "common.h"
 #include "ptx_mma.h"
 #include "tree_verify_mla_pingpong.h"
+#include "tree_verify_mla_plan.h"
 #include "tree_verify_mla_seesaw.h"
 #include "tree_verify_mla_tile.h"
 
@@ -17,7 +18,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstdlib>  // getenv: KDB_TVM_TAIL
 
 namespace kdb {
 namespace tvm {
@@ -257,8 +257,6 @@ __global__ void __launch_bounds__(256) tree_verify_mla_combine(const Params p) {
   if (lane == 0) p.lse[row] = sum > 0.f ? m + logf(sum) : -INFINITY;
 }
 
-int row_tiles(const TreeVerifyMlaShape& s) { return (s.nodes * s.heads + kBlockM - 1) / kBlockM; }
-
 }  // namespace tvm
 
 using namespace tvm;  // this file's own kernels and constants
@@ -301,81 +299,8 @@ cudaError_t launch_seesaw(const Params& p, dim3 grid, bool split, cudaStream_t s
   return cudaSuccess;
 }
 
-// Critical path of a plan in KV-tile steps per SM, every unit taken as `tiles` long (the host knows S only): waves x
-// tiles per CTA, plus kSplitOverheadTiles for each wave of partials (Q load, pipeline fill, epilogue, combine).
-int64_t uniform_cost(int64_t units, int tiles, int n, int num_sms) {
-  const int64_t waves = (units * n + num_sms - 1) / num_sms;
-  return waves * ((tiles + n - 1) / n + (n > 1 ? kSplitOverheadTiles : 0));
-}
-int64_t tail_cost(int64_t units, int tiles, int pieces, int num_sms) {
-  return units / num_sms * tiles + (tiles + pieces - 1) / pieces + kSplitOverheadTiles;
-}
-
-bool tail_plan_allowed() {
-  const char* knob = std::getenv("KDB_TVM_TAIL");
-  return !(knob != nullptr && knob[0] == '0');
-}
 }  // namespace
 
-// Uniform: the split count minimizing uniform_cost, as FlashMLA's scheduler charges each split a fixed overhead.
-// Tail plan (seesaw only): with W full waves and R < num_sms units left, the R units run in floor(num_sms / R) pieces
-// (at most one per KV tile) beside each other in the last wave; taken when tail_cost beats the best uniform split.
-// Uses the allocated length S, the only context bound known on the host.
-TvmPlan tree_verify_mla_plan(const TreeVerifyMlaShape& s, int num_sms, TvmPath path) {
-  const int64_t units = static_cast<int64_t>(s.batch) * row_tiles(s);
-  const int tiles = std::max(1, (s.cache_len + kBlockN - 1) / kBlockN);
-  TvmPlan plan;
-  int64_t best_cost = INT64_MAX;
-  for (int n = 1; n <= std::min(kMaxSplits, tiles); ++n) {
-    const int64_t cost = uniform_cost(units, tiles, n, num_sms);
-    if (cost < best_cost) plan.num_splits = n, best_cost = cost;
-  }
-  const int64_t full = units / num_sms * num_sms, rest = units - full;
-  if (path != TvmPath::kSeesaw || full == 0 || rest == 0 || !tail_plan_allowed()) return plan;
-  const int pieces = static_cast<int>(std::min<int64_t>(num_sms / rest, tiles));
-  if (pieces >= 2 && tail_cost(units, tiles, pieces, num_sms) < best_cost)
-    plan = TvmPlan{1, static_cast<int>(full), pieces};
-  return plan;
-}
-
-size_t tree_verify_mla_workspace_floats(const TreeVerifyMlaShape& s, const TvmPlan& plan) {
-  const size_t row_floats = kTvmDimV + 1;
-  if (plan.tail_pieces > 0) {
-    const size_t tail_units = static_cast<size_t>(s.batch) * row_tiles(s) - plan.tail_start;
-    return static_cast<size_t>(plan.tail_pieces) * tail_units * kBlockM * row_floats;
-  }
-  if (plan.num_splits <= 1) return 0;
-  return static_cast<size_t>(plan.num_splits) * s.batch * s.nodes * s.heads * row_floats;
-}
-
-namespace tvm {
-// The kernels' parameters and grids for args (its pointers are only copied here, never read): the attention grid as
-// the path's kernel decodes it, and the rows of each split's partial block that the combine merges (0: no combine).
-struct TvmLaunch {
-  Params p;
-  dim3 grid;
-  size_t part_rows;
-};
-TvmLaunch plan_launch(const TreeVerifyMlaArgs& a) {
-  const TreeVerifyMlaShape& s = a.shape;
-  const TvmPlan& plan = a.plan;
-  const bool tail = plan.tail_pieces > 0, split = tail || plan.num_splits > 1;
-  const int64_t units = static_cast<int64_t>(s.batch) * row_tiles(s);
-  const int tail_units = tail ? static_cast<int>(units - plan.tail_start) : 0;
-  const size_t part_rows = !split ? 0
-                           : tail ? static_cast<size_t>(tail_units) * kBlockM
-                                  : static_cast<size_t>(s.batch) * s.nodes * s.heads;
-  const int parts = tail ? plan.tail_pieces : plan.num_splits;
-  const Params p{a.q, a.kv, a.past_lens, a.anc, a.o_lat, a.lse, split ? a.workspace : nullptr,
-                 split ? a.workspace + static_cast<size_t>(parts) * part_rows * kTvmDimV : nullptr,
-                 s.batch, s.nodes, s.heads, s.cache_len, s.words, tail ? 1 : plan.num_splits,
-                 static_cast<float>(a.scale * 1.4426950408889634), plan.tail_start, plan.tail_pieces,
-                 tail_units * kBlockM};
-  const dim3 grid = tail ? dim3(static_cast<unsigned>(plan.tail_start + static_cast<int64_t>(tail_units) * plan.tail_pieces))
-                         : dim3(row_tiles(s), plan.num_splits, s.batch);
-  return {p, grid, part_rows};
-}
-}  // namespace tvm
 
 cudaError_t tree_verify_mla_launch(const TreeVerifyMlaArgs& a, cudaStream_t stream) {
   if (a.shape.batch == 0) return cudaSuccess;
