@@ -8,7 +8,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("tree_verify_mla", &kdb::tree_verify_mla, "absorbed MLA attention under the ancestor mask",
         pybind11::arg("q"), pybind11::arg("kv"), pybind11::arg("past_lens"), pybind11::arg("anc"),
         pybind11::arg("scale"), pybind11::arg("impl") = "auto");
-  m.def("tree_verify_mla_plan", &kdb::tree_verify_mla_plan, "tree_verify_mla's grid plan on the current device",
+  m.def("tree_verify_mla_plan",
+        static_cast<std::vector<int64_t> (*)(int64_t, int64_t, int64_t, int64_t, const std::string&)>(
+            &kdb::tree_verify_mla_plan),  // the torch op, not the raw launcher's overload of csrc/tree_verify_mla.h
+        "tree_verify_mla's grid plan on the current device",
         pybind11::arg("batch"), pybind11::arg("nodes"), pybind11::arg("heads"), pybind11::arg("cache_len"),
         pybind11::arg("impl") = "auto");
   m.def("tree_accept_greedy", &kdb::tree_accept_greedy, "greedy tree acceptance, whole batch");

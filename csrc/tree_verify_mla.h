@@ -35,8 +35,8 @@ struct TvmPlan {
 
 struct TreeVerifyMlaArgs {
   const __nv_bfloat16* q;   // [B, T, H, 576] contiguous
-  const __nv_bfloat16* kv;  // [B, S, 576] contiguous; rows >= past_len + T never reach the outputs (the seesaw's
-                            // TMA boxes read up to 63 of them, within the tensor, and zero their V columns)
+  const __nv_bfloat16* kv;  // [B, S, 576] contiguous; rows >= past_len + T are never read (the seesaw's tail box
+                            // ends at past_len + T; rows before 0 or past S arrive as TMA's zeros)
   const int32_t* past_lens; // [B]
   const uint64_t* anc;      // [B, T, W]; bit j%64 of word j/64: node j is ancestor-or-self; all zero = padding
   __nv_bfloat16* o_lat;     // [B, T, H, 512] output

@@ -73,7 +73,8 @@ TvmPlan tree_verify_mla_plan(const TreeVerifyMlaShape& s, int num_sms, TvmPath p
     if (cost < best_cost) plan.num_splits = n, best_cost = cost;
   }
   const int64_t full = units / num_sms * num_sms, rest = units - full;
-  if (path != TvmPath::kSeesaw || full == 0 || rest == 0 || !tail_plan_allowed()) return plan;
+  // The tail plan's grid is one dimension of int CTA indices (blockIdx.x < 2^31).
+  if (path != TvmPath::kSeesaw || full == 0 || rest == 0 || units > INT32_MAX / 2 || !tail_plan_allowed()) return plan;
   const int pieces = static_cast<int>(std::min<int64_t>(num_sms / rest, tiles));
   if (pieces >= 2 && tail_cost(units, tiles, pieces, num_sms) < best_cost)
     plan = TvmPlan{1, static_cast<int>(full), pieces};

@@ -37,8 +37,8 @@ struct Params {
   const uint64_t* anc;
   __nv_bfloat16* o_lat;
   float* lse;
-  float* part_o;    // [splits, B*T*H, 512] normalized partial outputs (split mode only)
-  float* part_lse;  // [splits, B*T*H] partial natural-log lse (split mode only)
+  float* part_o;    // [splits, B*T*H, 512] normalized partial outputs (split mode), or [tail_pieces, tail_rows, 512]
+  float* part_lse;  // [splits, B*T*H] (or [tail_pieces, tail_rows]) partial natural-log lse; null without partials
   int batch, nodes, heads, cache_len, words, num_splits;
   float scale_log2;  // scale * log2(e): scores live in log2 units so exp2 needs no extra multiply
   // The seesaw's tail plan (TvmPlan, tail_pieces > 0): units (request, M-tile) [0, tail_start) whole, each later unit

@@ -122,10 +122,11 @@ std::vector<at::Tensor> tree_verify_mla(const at::Tensor& q, const at::Tensor& k
 
 std::vector<int64_t> tree_verify_mla_plan(int64_t batch, int64_t nodes, int64_t heads, int64_t cache_len,
                                           const std::string& impl) {
-  TORCH_CHECK(batch >= 1 && nodes >= 1 && heads >= 1 && cache_len >= nodes && cache_len <= (int64_t{1} << 30) &&
-                  nodes * heads <= (int64_t{1} << 30),
-              "tree_verify_mla_plan: needs batch, T, H >= 1 and T <= S <= 2^30, got B ", kdb::fmt(batch), ", T ",
-              kdb::fmt(nodes), ", H ", kdb::fmt(heads), ", S ", kdb::fmt(cache_len));
+  TORCH_CHECK(batch >= 1 && batch <= 65535 && nodes >= 1 && heads >= 1 && nodes * heads <= (int64_t{1} << 30) &&
+                  cache_len >= nodes && cache_len <= (int64_t{1} << 30),
+              "tree_verify_mla_plan: needs 1 <= B <= 65535, T, H >= 1, T * H <= 2^30 and T <= S <= 2^30 (as "
+              "tree_verify_mla), got B ", kdb::fmt(batch), ", T ", kdb::fmt(nodes), ", H ", kdb::fmt(heads), ", S ",
+              kdb::fmt(cache_len));
   int dev = 0, num_sms = 0;
   C10_CUDA_CHECK(cudaGetDevice(&dev));
   C10_CUDA_CHECK(cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, dev));

@@ -1,5 +1,5 @@
-"""GPU tests of the tree_verify_mla CUDA kernel, all three MMA paths (wgmma ping-pong and lock-step on sm_90,
-mma.sync), against the float64
+"""GPU tests of the tree_verify_mla CUDA kernel, all four MMA paths (the seesaw, ping-pong and lock-step wgmma on
+sm_90, mma.sync), and the seesaw's tail plan, against the float64
 numpy reference (kdbench.references.tree_verify_mla): ragged prefixes, chain / bushy / padded trees, NaN-filled
 unused cache rows, poisoned outputs, and the argument checks of the torch glue. Skipped without a CUDA GPU."""
 from __future__ import annotations
@@ -241,12 +241,13 @@ def test_seesaw_matches_pingpong_past_the_cache_end(ext):
 
 def _tail_case(ext, seed: int, nodes: int, heads: int, past_of, min_pieces: int) -> tuple[Case, list[int]]:
     """The smallest batch whose seesaw plan on this GPU is a tail plan of >= min_pieces pieces (units = B x M-tiles
-    past a whole number of waves): the case and its plan [num_splits, tail_start, tail_pieces]."""
+    past a whole number of waves): the case and its plan [num_splits, tail_start, tail_pieces]. The last request's last
+    node is padding: its rows are in the last M-tile, a tail unit."""
     for batch in range(1, 257):
         pasts = tuple(past_of(b) for b in range(batch))
         plan = list(ext.tree_verify_mla_plan(batch, nodes, heads, max(pasts) + nodes + 37, "seesaw"))
         if plan[2] >= min_pieces:
-            return Case(seed, nodes, heads, pasts, pad=((batch - 1, nodes // 2),), heads_checked=(0, heads - 1)), plan
+            return Case(seed, nodes, heads, pasts, pad=((batch - 1, nodes - 1),), heads_checked=(0, heads - 1)), plan
     raise AssertionError(f"no batch up to 256 gives a tail plan of >= {min_pieces} pieces for T {nodes}, H {heads}")
 
 
@@ -256,11 +257,14 @@ def _tail_case(ext, seed: int, nodes: int, heads: int, past_of, min_pieces: int)
     (65, 64, lambda b: (300, 1, 4000)[b % 3], 2),        # 65 M-tiles per request; 132 SMs: B 3, 63 units in 2 pieces
     (9, 64, lambda b: 1 + (97 * (14 - b)) % 1500, 4),    # 9 M-tiles; B 15: 3 units (request 14, past 1: one KV
                                                          # tile) in 22 pieces, 21 of them empty
-], ids=["t65-2pieces", "t9-many-pieces"])
+    (65, 16, lambda b: (300, 1, 4000)[b % 3], 2),        # 16.25 M-tiles: B 8, 4 tail units (request 7, past 1) in
+                                                         # 33 pieces, the last unit's M-tile with 16 real rows
+], ids=["t65-2pieces", "t9-many-pieces", "t65h16-partial-mtile"])
 def test_seesaw_tail_plan(ext, monkeypatch, nodes, heads, past_of, min_pieces):
     """The tail plan (the last partial wave's units in KV pieces, merged by the combine) against float64, and the
     same inputs with the plan off (KDB_TVM_TAIL=0: the uniform plan) give the same numbers to the fp32 merge order."""
-    case, plan = _tail_case(ext, 50 + nodes, nodes, heads, past_of, min_pieces)
+    monkeypatch.delenv("KDB_TVM_TAIL", raising=False)  # the plan on, whatever the caller's environment says
+    case, plan = _tail_case(ext, 50 + nodes + heads, nodes, heads, past_of, min_pieces)
     check_case(ext, case, trial=0, impl="seesaw")
     inputs = make_inputs(case, seed=1000 * case.seed)
     o_t, lse_t = run_kernel(ext, inputs, poison=float("nan"), impl="seesaw")

@@ -1,5 +1,6 @@
 // Diagnosis of the racecheck report on tree_verify_mla's ping-pong path (plans/0004): the kernel file compiled
-// standalone (no torch) and launched on the three sanitize_kernels.py shapes, path chosen on the command line.
+// standalone (no torch) and launched on five small shapes (sanitize_kernels.py's three, an unsplit one, a tail-plan
+// one), path chosen on the command line.
 // Built twice: as shipped (the producer signals with bar.sync) and with -DKDB_PINGPONG_BAR_ARRIVE (bar.arrive, the
 // form shipped until 2026-12-01 s3). racecheck flags the arrive build only: it does not treat bar.arrive ->
 // bar.sync as an edge. Usage: racecheck_pingpong {mma|wgmma|pingpong|seesaw} [time [all] | trace]
@@ -126,7 +127,8 @@ static void run_shape(int b, int h, int t, int past, kdb::TvmPath path, std::mt1
     check(cudaDeviceSynchronize(), "sync");
     const int tiles = (past + t + 63) / 64;
     std::printf("trace B %d H %d T %d past %d splits %d:\n", b, h, t, past, splits);
-    print_trace(plan.tail_pieces > 0 ? tiles : (tiles + splits - 1) / splits, path);  // the traced CTA is a whole unit
+    // The traced CTA (gridDim.x / 2) is a whole unit of a tail plan unless the plan has a single full wave.
+    print_trace(plan.tail_pieces > 0 ? tiles : (tiles + splits - 1) / splits, path);
   }
 #else
   (void)traced;

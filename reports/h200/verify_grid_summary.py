@@ -40,6 +40,8 @@ def shape_row(case: str, rows: dict[str, dict]) -> dict | None:
 
 
 def summarize(shapes: list[dict]) -> list[str]:
+    if not shapes:
+        return ["no shape has both a passing `cuda` row and a passing `flashinfer_cascade` row"]
     met = [s for s in shapes if s["vs_cascade"] >= 1.25]
     heavy = [s for s in shapes if s["compute"] and s["floor_ms"] >= 0.2]
     at80 = [s for s in heavy if s["pct"] >= 80.0]
@@ -75,11 +77,10 @@ def main() -> None:
         print("| --- | --- | --- | --- | --- | --- | --- |")
         for s in sorted(now, key=lambda s: s["case"]):
             b = before.get(s["case"])
+            pre = f"{s['vs_prefix']:.2f}x" if s["vs_prefix"] is not None else "-"
+            was = f"{b['ours_ms']:.3f}" if b else "-"
             print(f"| {s['case']} | {s['floor_ms']:.3f} | {s['ours_ms']:.3f} | {s['pct']:.1f} | {s['vs_cascade']:.2f}x | "
-                  f"{s['vs_prefix']:.2f}x | {b['ours_ms']:.3f} |" if b else
-                  f"| {s['case']} | {s['floor_ms']:.3f} | {s['ours_ms']:.3f} | {s['pct']:.1f} | {s['vs_cascade']:.2f}x | "
-                  f"{s['vs_prefix']:.2f}x | - |")
-
+                  f"{pre} | {was} |")
 
 if __name__ == "__main__":
     main()
