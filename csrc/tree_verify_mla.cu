@@ -216,7 +216,7 @@ __host__ __device__ __forceinline__ int combine_out_row(const Params& p, int r) 
   const int rows = p.nodes * p.heads;
   if (p.tail_pieces == 0) return r < p.batch * rows ? r : -1;
   if (r >= p.tail_rows) return -1;
-  const int row_tiles = (rows + kBlockM - 1) / kBlockM, unit = p.tail_start + r / kBlockM;
+  const int row_tiles = row_tiles_of(p.nodes, p.heads), unit = p.tail_start + r / kBlockM;
   const int row = (unit % row_tiles) * kBlockM + r % kBlockM;
   return row < rows ? (unit / row_tiles) * rows + row : -1;
 }

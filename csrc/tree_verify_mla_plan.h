@@ -13,7 +13,7 @@
 namespace kdb {
 namespace tvm {
 
-inline int row_tiles(const TreeVerifyMlaShape& s) { return (s.nodes * s.heads + kBlockM - 1) / kBlockM; }
+inline int row_tiles(const TreeVerifyMlaShape& s) { return row_tiles_of(s.nodes, s.heads); }
 
 // Critical path of a plan in KV-tile steps per SM, every unit taken as `tiles` long (the host knows S only): waves x
 // tiles per CTA, plus kSplitOverheadTiles for each wave of partials (Q load, pipeline fill, epilogue, combine).
@@ -30,6 +30,19 @@ inline bool tail_plan_allowed() {
   return !(knob != nullptr && knob[0] == '0');
 }
 
+// Rows of each partial block a plan writes (0: no partials) and how many blocks: B x T x H rows per uniform split,
+// or 64 rows per tail unit per tail piece. The launch parameters and the workspace size both come from here.
+struct TvmParts {
+  size_t rows;
+  int blocks;
+};
+inline TvmParts plan_parts(const TreeVerifyMlaShape& s, const TvmPlan& plan) {
+  if (plan.tail_pieces > 0)
+    return {(static_cast<size_t>(s.batch) * row_tiles(s) - plan.tail_start) * kBlockM, plan.tail_pieces};
+  if (plan.num_splits > 1) return {static_cast<size_t>(s.batch) * s.nodes * s.heads, plan.num_splits};
+  return {0, 1};
+}
+
 // The kernels' parameters and grids for args (its pointers are only copied here, never read): the attention grid as
 // the path's kernel decodes it, and the rows of each split's partial block that the combine merges (0: no combine).
 struct TvmLaunch {
@@ -40,21 +53,16 @@ struct TvmLaunch {
 inline TvmLaunch plan_launch(const TreeVerifyMlaArgs& a) {
   const TreeVerifyMlaShape& s = a.shape;
   const TvmPlan& plan = a.plan;
-  const bool tail = plan.tail_pieces > 0, split = tail || plan.num_splits > 1;
-  const int64_t units = static_cast<int64_t>(s.batch) * row_tiles(s);
-  const int tail_units = tail ? static_cast<int>(units - plan.tail_start) : 0;
-  const size_t part_rows = !split ? 0
-                           : tail ? static_cast<size_t>(tail_units) * kBlockM
-                                  : static_cast<size_t>(s.batch) * s.nodes * s.heads;
-  const int parts = tail ? plan.tail_pieces : plan.num_splits;
+  const TvmParts parts = plan_parts(s, plan);
+  const bool tail = plan.tail_pieces > 0, split = parts.rows > 0;
+  const int tail_rows = tail ? static_cast<int>(parts.rows) : 0;
   const Params p{a.q, a.kv, a.past_lens, a.anc, a.o_lat, a.lse, split ? a.workspace : nullptr,
-                 split ? a.workspace + static_cast<size_t>(parts) * part_rows * kTvmDimV : nullptr,
+                 split ? a.workspace + static_cast<size_t>(parts.blocks) * parts.rows * kTvmDimV : nullptr,
                  s.batch, s.nodes, s.heads, s.cache_len, s.words, tail ? 1 : plan.num_splits,
-                 static_cast<float>(a.scale * 1.4426950408889634), plan.tail_start, plan.tail_pieces,
-                 tail_units * kBlockM};
-  const dim3 grid = tail ? dim3(static_cast<unsigned>(plan.tail_start + static_cast<int64_t>(tail_units) * plan.tail_pieces))
+                 static_cast<float>(a.scale * 1.4426950408889634), plan.tail_start, plan.tail_pieces, tail_rows};
+  const dim3 grid = tail ? dim3(static_cast<unsigned>(plan.tail_start + static_cast<int64_t>(tail_rows / kBlockM) * plan.tail_pieces))
                          : dim3(row_tiles(s), plan.num_splits, s.batch);
-  return {p, grid, part_rows};
+  return {p, grid, parts.rows};
 }
 }  // namespace tvm
 
@@ -82,14 +90,8 @@ TvmPlan tree_verify_mla_plan(const TreeVerifyMlaShape& s, int num_sms, TvmPath p
 }
 
 size_t tree_verify_mla_workspace_floats(const TreeVerifyMlaShape& s, const TvmPlan& plan) {
-  using namespace tvm;
-  const size_t row_floats = kTvmDimV + 1;
-  if (plan.tail_pieces > 0) {
-    const size_t tail_units = static_cast<size_t>(s.batch) * row_tiles(s) - plan.tail_start;
-    return static_cast<size_t>(plan.tail_pieces) * tail_units * kBlockM * row_floats;
-  }
-  if (plan.num_splits <= 1) return 0;
-  return static_cast<size_t>(plan.num_splits) * s.batch * s.nodes * s.heads * row_floats;
+  const tvm::TvmParts parts = tvm::plan_parts(s, plan);
+  return static_cast<size_t>(parts.blocks) * parts.rows * (kTvmDimV + 1);  // o (512) and lse per partial row
 }
 
 }  // namespace kdb

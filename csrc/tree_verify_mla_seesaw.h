@@ -159,7 +159,7 @@ struct SsUnit {
   int64_t part_base;
 };
 __host__ __device__ __forceinline__ SsUnit ss_tail_unit(const Params& p, int c) {  // c: the CTA's index
-  const int row_tiles = (p.nodes * p.heads + kBlockM - 1) / kBlockM, k = c - p.tail_start;
+  const int row_tiles = row_tiles_of(p.nodes, p.heads), k = c - p.tail_start;
   const bool whole = k < 0;
   const int unit = whole ? c : p.tail_start + k / p.tail_pieces, piece = whole ? 0 : k % p.tail_pieces;
   const int64_t base = whole ? -1 : static_cast<int64_t>(piece) * p.tail_rows + (unit - p.tail_start) * kBlockM;

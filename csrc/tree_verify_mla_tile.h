@@ -46,6 +46,10 @@ struct Params {
   int tail_start, tail_pieces, tail_rows;
 };
 
+// Units are (request, M-tile of 64 rows of node x head), request-major: unit u is M-tile u % row_tiles of request
+// u / row_tiles. The plans (csrc/tree_verify_mla_plan.h), the tail plan's CTA decode and the combine count in them.
+__host__ __device__ __forceinline__ int row_tiles_of(int nodes, int heads) { return (nodes * heads + kBlockM - 1) / kBlockM; }
+
 // Phase timestamps (SM clock) of one CTA in the middle of the grid, thread 0 of each warpgroup, per step and event
 // (the paths number their own events): compiled in only with -DKDB_TVM_TRACE (reports/h200/racecheck_pingpong.cu
 // `trace`, plans/0004), else a no-op. The marks' stores make the next proxy fence wait: ~1-3 % slower.
