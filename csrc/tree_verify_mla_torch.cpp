@@ -6,6 +6,7 @@
 #include <c10/cuda/CUDAStream.h>
 
 #include <cmath>
+#include <utility>  // std::pair
 
 #include "check_format.h"
 #include "torch_ops.h"
@@ -41,25 +42,33 @@ void check_layouts(const at::Tensor& q, const at::Tensor& kv, const at::Tensor& 
   TORCH_CHECK(reinterpret_cast<uintptr_t>(kv.data_ptr()) % 16 == 0, "tree_verify_mla: kv must be 16-byte aligned");
 }
 
+// The sizes both ops accept (tree_verify_mla reads them off its tensors, tree_verify_mla_plan takes them as
+// arguments, so it reports plans only for shapes the op runs): the grid's z for the batch, int rows, int cache rows.
+TreeVerifyMlaShape checked_shape(const char* op, int64_t batch, int64_t nodes, int64_t heads, int64_t cache_len) {
+  TORCH_CHECK(nodes >= 1 && heads >= 1, op, ": q needs T >= 1 and H >= 1, got T ", kdb::fmt(nodes), ", H ", kdb::fmt(heads));
+  TORCH_CHECK(batch <= 65535, op, ": batch must be <= 65535 (grid z), got ", kdb::fmt(batch));
+  TORCH_CHECK(nodes * heads <= (int64_t{1} << 30), op, ": T * H must be <= 2^30, got ", kdb::fmt(nodes * heads));
+  TORCH_CHECK(cache_len >= nodes && cache_len <= (int64_t{1} << 30), op, ": kv length S must be in [T = ", kdb::fmt(nodes),
+              ", 2^30], got ", kdb::fmt(cache_len));
+  return TreeVerifyMlaShape{static_cast<int>(batch), static_cast<int>(nodes), static_cast<int>(heads),
+                            static_cast<int>(cache_len), static_cast<int>((nodes + 63) / 64)};
+}
+
 TreeVerifyMlaShape check_shapes(const at::Tensor& q, const at::Tensor& kv, const at::Tensor& past_lens,
                                 const at::Tensor& anc, double scale) {
   TORCH_CHECK(q.dim() == 4 && q.size(3) == kTvmDimQK, "tree_verify_mla: q must be [B, T, H, ", kdb::fmt(kTvmDimQK),
               "], got ", kdb::fmt(q.sizes()));
-  const int64_t batch = q.size(0), nodes = q.size(1), heads = q.size(2), words = (nodes + 63) / 64;
-  TORCH_CHECK(nodes >= 1 && heads >= 1, "tree_verify_mla: q needs T >= 1 and H >= 1, got ", kdb::fmt(q.sizes()));
-  TORCH_CHECK(batch <= 65535, "tree_verify_mla: batch must be <= 65535 (grid z), got ", kdb::fmt(batch));
-  TORCH_CHECK(nodes * heads <= (int64_t{1} << 30), "tree_verify_mla: T * H must be <= 2^30, got ", kdb::fmt(nodes * heads));
+  const int64_t batch = q.size(0), nodes = q.size(1);
   TORCH_CHECK(kv.dim() == 3 && kv.size(0) == batch && kv.size(2) == kTvmDimQK, "tree_verify_mla: kv must be [",
               kdb::fmt(batch), ", S, ", kdb::fmt(kTvmDimQK), "], got ", kdb::fmt(kv.sizes()));
-  TORCH_CHECK(kv.size(1) >= nodes && kv.size(1) <= (int64_t{1} << 30),
-              "tree_verify_mla: kv length S must be in [T = ", kdb::fmt(nodes), ", 2^30], got ", kdb::fmt(kv.size(1)));
+  const TreeVerifyMlaShape shape = checked_shape("tree_verify_mla", batch, nodes, q.size(2), kv.size(1));
   TORCH_CHECK(past_lens.dim() == 1 && past_lens.size(0) == batch, "tree_verify_mla: past_lens must be [", kdb::fmt(batch),
               "], got ", kdb::fmt(past_lens.sizes()));
-  TORCH_CHECK(anc.dim() == 3 && anc.size(0) == batch && anc.size(1) == nodes && anc.size(2) == words,
-              "tree_verify_mla: anc must be [", kdb::fmt(batch), ", ", kdb::fmt(nodes), ", ", kdb::fmt(words), "], got ", kdb::fmt(anc.sizes()));
+  TORCH_CHECK(anc.dim() == 3 && anc.size(0) == batch && anc.size(1) == nodes && anc.size(2) == shape.words,
+              "tree_verify_mla: anc must be [", kdb::fmt(batch), ", ", kdb::fmt(nodes), ", ", kdb::fmt(shape.words), "], got ",
+              kdb::fmt(anc.sizes()));
   TORCH_CHECK(std::isfinite(scale) && scale > 0, "tree_verify_mla: scale must be finite and > 0, got ", kdb::fmt(scale));
-  return TreeVerifyMlaShape{static_cast<int>(batch), static_cast<int>(nodes), static_cast<int>(heads),
-                            static_cast<int>(kv.size(1)), static_cast<int>(words)};
+  return shape;
 }
 
 // "auto" takes v4, the seesaw with TMA loads, where it exists (compute capability 9.0: the extension is built for
@@ -78,6 +87,14 @@ TvmPath pick_path(const std::string& impl, int dev) {
   return impl == "wgmma" ? TvmPath::kWgmma : TvmPath::kSeesaw;
 }
 
+// The path and grid plan the op runs for this shape and impl on device dev (tree_verify_mla_plan reports this one).
+std::pair<TvmPath, TvmPlan> path_and_plan(const TreeVerifyMlaShape& shape, const std::string& impl, int dev) {
+  int num_sms = 0;
+  C10_CUDA_CHECK(cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, dev));
+  const TvmPath path = pick_path(impl, dev);
+  return {path, tree_verify_mla_plan(shape, num_sms, path)};
+}
+
 }  // namespace
 
 std::vector<at::Tensor> tree_verify_mla(const at::Tensor& q, const at::Tensor& kv, const at::Tensor& past_lens,
@@ -89,16 +106,14 @@ std::vector<at::Tensor> tree_verify_mla(const at::Tensor& q, const at::Tensor& k
 
   const c10::cuda::CUDAGuard guard(q.device());
   const int dev = q.get_device();
-  int smem_optin = 0, num_sms = 0;
+  int smem_optin = 0;
   C10_CUDA_CHECK(cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
-  C10_CUDA_CHECK(cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, dev));
   TORCH_CHECK(smem_optin >= tree_verify_mla_smem_bytes(), "tree_verify_mla: the kernel needs ",
               kdb::fmt(tree_verify_mla_smem_bytes()), " B of shared memory per block; device ", kdb::fmt(dev), " allows ", kdb::fmt(smem_optin),
               " (built for H100/H200-class GPUs, 227 KB)");
   auto o_lat = at::empty({shape.batch, shape.nodes, shape.heads, kTvmDimV}, q.options());
   auto lse = at::empty({shape.batch, shape.nodes, shape.heads}, q.options().dtype(at::kFloat));
-  const TvmPath path = pick_path(impl, dev);
-  const TvmPlan plan = tree_verify_mla_plan(shape, num_sms, path);
+  const auto [path, plan] = path_and_plan(shape, impl, dev);
   const size_t ws_floats = tree_verify_mla_workspace_floats(shape, plan);
   at::Tensor workspace;
   if (ws_floats > 0) workspace = at::empty({static_cast<int64_t>(ws_floats)}, q.options().dtype(at::kFloat));
@@ -122,17 +137,11 @@ std::vector<at::Tensor> tree_verify_mla(const at::Tensor& q, const at::Tensor& k
 
 std::vector<int64_t> tree_verify_mla_plan(int64_t batch, int64_t nodes, int64_t heads, int64_t cache_len,
                                           const std::string& impl) {
-  TORCH_CHECK(batch >= 1 && batch <= 65535 && nodes >= 1 && heads >= 1 && nodes * heads <= (int64_t{1} << 30) &&
-                  cache_len >= nodes && cache_len <= (int64_t{1} << 30),
-              "tree_verify_mla_plan: needs 1 <= B <= 65535, T, H >= 1, T * H <= 2^30 and T <= S <= 2^30 (as "
-              "tree_verify_mla), got B ", kdb::fmt(batch), ", T ", kdb::fmt(nodes), ", H ", kdb::fmt(heads), ", S ",
-              kdb::fmt(cache_len));
-  int dev = 0, num_sms = 0;
+  TORCH_CHECK(batch >= 1, "tree_verify_mla_plan: batch must be >= 1, got ", kdb::fmt(batch));
+  const TreeVerifyMlaShape shape = checked_shape("tree_verify_mla_plan", batch, nodes, heads, cache_len);
+  int dev = 0;
   C10_CUDA_CHECK(cudaGetDevice(&dev));
-  C10_CUDA_CHECK(cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, dev));
-  const TreeVerifyMlaShape shape{static_cast<int>(batch), static_cast<int>(nodes), static_cast<int>(heads),
-                                 static_cast<int>(cache_len), static_cast<int>((nodes + 63) / 64)};
-  const TvmPlan plan = tree_verify_mla_plan(shape, num_sms, pick_path(impl, dev));
+  const TvmPlan plan = path_and_plan(shape, impl, dev).second;
   return {plan.num_splits, plan.tail_start, plan.tail_pieces};
 }
 
