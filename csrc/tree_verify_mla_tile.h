@@ -44,6 +44,9 @@ struct Params {
   // The seesaw's tail plan (TvmPlan, tail_pieces > 0): units (request, M-tile) [0, tail_start) whole, each later unit
   // in tail_pieces pieces whose partials are [tail_pieces, tail_rows = 64 x tail units] rows (part_o / part_lse).
   int tail_start, tail_pieces, tail_rows;
+  // The seesaw's one-dimensional work list (tail plan or persistent grid; 0: the grid is (row tiles, splits, batch)):
+  // items [0, tail_start) are whole units, the rest tail pieces (ss_tail_unit); CTA c runs items c, c + gridDim.x, ...
+  int items;
 };
 
 // Units are (request, M-tile of 64 rows of node x head), request-major: unit u is M-tile u % row_tiles of request
@@ -239,12 +242,14 @@ __device__ __forceinline__ void softmax_exp(float (&s)[8][4], uint32_t (&pa)[4][
 struct SplitTiles {
   int past, kv_end, t_begin, t_end;
 };
-__device__ __forceinline__ SplitTiles split_tiles(const Params& p, int b, int split, int splits) {
-  const int past = max(p.past_lens[b], 0);
+__device__ __forceinline__ SplitTiles split_range(const Params& p, int past, int split, int splits) {  // past >= 0
   const int kv_end = min(past + p.nodes, p.cache_len);
   const int n_tiles = (kv_end + kBlockN - 1) / kBlockN;
   return {past, kv_end, static_cast<int>(static_cast<int64_t>(n_tiles) * split / splits),
           static_cast<int>(static_cast<int64_t>(n_tiles) * (split + 1) / splits)};
+}
+__device__ __forceinline__ SplitTiles split_tiles(const Params& p, int b, int split, int splits) {
+  return split_range(p, max(p.past_lens[b], 0), split, splits);
 }
 __device__ __forceinline__ SplitTiles split_tiles(const Params& p, int b, int split) {
   return split_tiles(p, b, split, p.num_splits);

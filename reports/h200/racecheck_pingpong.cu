@@ -1,11 +1,12 @@
 // Diagnosis of the racecheck report on tree_verify_mla's ping-pong path (plans/0004): the kernel file compiled
-// standalone (no torch) and launched on five small shapes (sanitize_kernels.py's three, an unsplit one, a tail-plan
-// one), path chosen on the command line.
+// standalone (no torch) and launched on six small shapes (sanitize_kernels.py's three, an unsplit one, a tail-plan
+// one, a persistent one), path chosen on the command line.
 // Built twice: as shipped (the producer signals with bar.sync) and with -DKDB_PINGPONG_BAR_ARRIVE (bar.arrive, the
 // form shipped until 2026-12-01 s3). racecheck flags the arrive build only: it does not treat bar.arrive ->
-// bar.sync as an edge. Usage: racecheck_pingpong {mma|wgmma|pingpong|seesaw} [time [all] | trace]
-// `time`: three peer anchor shapes (`all`: the six), CUDA events (3 warm-up, median of 15), so two builds' cost can be
-// compared; KDB_TVM_TAIL=0 turns the seesaw's tail plan off (the same binary's A/B). Paths: mma, wgmma, pingpong (the default here) and seesaw (v4, the extension's default on sm_90).
+// bar.sync as an edge. Usage: racecheck_pingpong {mma|wgmma|pingpong|seesaw} [time [all|short] | trace]
+// `time`: three peer anchor shapes (`all`: the six; `short`: and four 1K-context grid shapes), CUDA events (3 warm-up,
+// median of 15), so two builds' cost can be compared; KDB_TVM_TAIL=0 / KDB_TVM_PERSIST=0 turn the seesaw's tail plan /
+// persistent grid off (the same binary's A/B). Paths: mma, wgmma, pingpong (the default here) and seesaw (v4, the extension's default on sm_90).
 // Every run prints a hash of all output bits; built with -DKDB_TVM_JITTER (random sleeps around every named barrier),
 // repeated runs must print the hashes of the plain build (plans/0004, "Design v4").
 // `trace` (build with -DKDB_TVM_TRACE): per-phase timestamps of one CTA in the middle of the grid (thread 0 of each
@@ -173,10 +174,17 @@ int main(int argc, char** argv) {
       run_shape(8, 128, 257, 8192, path, rng, true);
       run_shape(4, 64, 1025, 2048, path, rng, true);
     }
+    if (argc > 3 && !std::strcmp(argv[3], "short")) {  // 1K-context grid shapes: 17-20 KV tiles per unit (Session 9)
+      run_shape(8, 128, 64, 1024, path, rng, true);
+      run_shape(8, 16, 256, 1024, path, rng, true);
+      run_shape(32, 64, 64, 1024, path, rng, true);
+      run_shape(8, 128, 256, 1024, path, rng, true);
+    }
     return 0;
   }
   run_shape(4, 64, 65, 300, path, rng);    // no split (260 CTAs), pairs of tiles with a tail
-  run_shape(3, 64, 65, 300, path, rng);    // seesaw: the tail plan (132 whole units, 63 in 2 pieces)
+  run_shape(3, 64, 65, 300, path, rng);    // seesaw: the tail plan (132 whole units, 63 in 2 pieces), persistent
+  run_shape(5, 64, 65, 100, path, rng);    // seesaw: persistent, 325 whole units of 3 tiles (odd: empty stage slots)
   run_shape(2, 16, 65, 300, path, rng);    // split, many row tiles
   run_shape(1, 8, 17, 4097, path, rng);    // split-KV, few rows
   run_shape(3, 8, 9, 191, path, rng);      // ragged small
