@@ -226,7 +226,7 @@ __device__ __forceinline__ void ss_start(const SeesawParams& sp, uint32_t s_base
 // write the rows. Q's block 8 becomes P of the odd tile only after warpgroup 1's M0 wait, i.e. after both warpgroups
 // read their rope fragments (warpgroup 0 before its first QK, which precedes its first M0 arrive).
 template <int kOut>
-__device__ __forceinline__ void ss_run_item(const SsCtx& x, uint32_t qpar, int64_t part_base, int m0) {
+__device__ __forceinline__ void ss_run_item(const SsCtx& x, uint32_t qpar, int64_t part_base, int m0, int k) {
   const Params& p = x.sp.p;
   float acc[32][4], s[8][4];
   uint32_t pa[4][4] = {}, rope[4][4];
@@ -236,8 +236,10 @@ __device__ __forceinline__ void ss_run_item(const SsCtx& x, uint32_t qpar, int64
   if (x.n > 0) {
     mbar_wait(x.s_base + kSsOffBarQ, qpar);
     mbar_wait(x.s_base + kSsOffBarQ + 8, qpar);
+    tvm_mark_item(k, kItemQ);
     ss_load_rope(rope, x.s_base, x.w);
     if (x.w.ch < x.n) ss_first_qk<0>(x, s, rope, x.w.ch);  // S of tile 0 (warpgroup 0) and of tile 1 (warpgroup 1)
+    tvm_mark_item(k, kItemQk);
     for (int i = 0; i < x.n; i += 2) {
       if (x.w.ch == 0) ss_pair_wg0(x, i, s, acc, pa, rope, st);
       else ss_pair_wg1(x, i, s, acc, pa, rope, st);
@@ -245,7 +247,9 @@ __device__ __forceinline__ void ss_run_item(const SsCtx& x, uint32_t qpar, int64
   }
   wgmma_wait<0>();
   pp_fence_regs(acc, pa);
+  tvm_mark_item(k, kItemPairs);
   epilogue_rows<kOut>(p, acc, st, x.smem, x.b, m0, x.w, part_base);
+  tvm_mark_item(k, kItemDone);
 }
 
 // 256 threads, one CTA per SM; kOut: TvmOut (kOutTail: the one-dimensional work list, items blockIdx.x + k gridDim.x).
@@ -258,6 +262,7 @@ __global__ void __launch_bounds__(kThreads, 1) tree_verify_mla_seesaw_kernel(con
   const uint32_t s_base = smem_addr(smem);
   const bool list = kOut == kOutTail;
   const int v0 = list ? blockIdx.x : 0, stride = list ? gridDim.x : 1, end = list ? p.items : 1;
+  tvm_mark_item(0, kItemEntry);
   if (threadIdx.x == 0) {
     for (int j = 0; j < 20; ++j) mbar_init(s_base + kSsOffBar + 8 * j, 1);  // 18 KV blocks, 2 for Q
     fence_mbar_init();
@@ -266,7 +271,8 @@ __global__ void __launch_bounds__(kThreads, 1) tree_verify_mla_seesaw_kernel(con
   SsSlots sl{0, 0};
   uint32_t qpar = 0;
   int past = ss_item_past<kOut>(p, v0), prev_n = 0;
-  for (int v = v0; v < end; v += stride) {
+  for (int v = v0, k = 0; v < end; v += stride, ++k) {
+    tvm_mark_item(k, kItemTop);
     const SsItem it = ss_item<kOut>(p, v, past);
     const int next = v + stride < end ? v + stride : -1;
     const int next_past = next >= 0 ? ss_item_past<kOut>(p, next) : 0;
@@ -277,7 +283,7 @@ __global__ void __launch_bounds__(kThreads, 1) tree_verify_mla_seesaw_kernel(con
     SsCtx x{sp, smem, s_base, it.u.b, it.past, it.kv_end, it.t_begin, it.n, w,
             {16 * w.rg + (w.lane >> 2), 16 * w.rg + (w.lane >> 2) + 8}, {nullptr, nullptr}, sl, next, next_past};
     anc_rows(p, it.u.b, it.u.m0, w, x.anc_row);
-    ss_run_item<kOut>(x, qpar, it.u.part_base, it.u.m0);
+    ss_run_item<kOut>(x, qpar, it.u.part_base, it.u.m0, k);
     qpar ^= it.n > 0;
     sl = sl.after(it.n);
     prev_n = it.n, past = next_past;

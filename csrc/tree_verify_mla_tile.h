@@ -57,6 +57,9 @@ __host__ __device__ __forceinline__ int row_tiles_of(int nodes, int heads) { ret
 // (the paths number their own events): compiled in only with -DKDB_TVM_TRACE (reports/h200/racecheck_pingpong.cu
 // `trace`, plans/0004), else a no-op. The marks' stores make the next proxy fence wait: ~1-3 % slower.
 constexpr int kTraceSteps = 1024, kTraceEvents = 12;
+// Per work item of the same CTA (the seesaw's item loop; plans/0004 Session 9): kTraceItemEvents marks of its k-th item.
+constexpr int kTraceItems = 16, kTraceItemEvents = 6;
+enum TvmItemEvent { kItemTop, kItemQ, kItemQk, kItemPairs, kItemDone, kItemEntry };
 #ifdef KDB_TVM_TRACE
 __device__ long long g_tvm_trace[2][kTraceSteps][kTraceEvents];
 __device__ __forceinline__ void tvm_mark(int i, int ev) {
@@ -64,8 +67,15 @@ __device__ __forceinline__ void tvm_mark(int i, int ev) {
       i < kTraceSteps)
     g_tvm_trace[threadIdx.x >> 7][i][ev] = clock64();
 }
+__device__ long long g_tvm_items[2][kTraceItems][kTraceItemEvents];
+__device__ __forceinline__ void tvm_mark_item(int k, int ev) {
+  if ((threadIdx.x & 127) == 0 && blockIdx.x == gridDim.x / 2 && blockIdx.y == 0 && blockIdx.z == gridDim.z / 2 &&
+      k < kTraceItems)
+    g_tvm_items[threadIdx.x >> 7][k][ev] = clock64();
+}
 #else
 __device__ __forceinline__ void tvm_mark(int, int) {}
+__device__ __forceinline__ void tvm_mark_item(int, int) {}
 #endif
 
 // Barrier for the two warps that own the same 16 rows (64 threads); ids 1..4, id 0 is __syncthreads.

@@ -73,6 +73,17 @@ static void print_trace(int n_tiles, kdb::TvmPath path) {
 }
 #endif
 
+// The seesaw's per-item marks of the traced CTA (kItemTop .. kItemEntry), cycles after the kernel entry of warpgroup 0.
+static void print_items() {
+  static long long it[2][kdb::tvm::kTraceItems][kdb::tvm::kTraceItemEvents];
+  check(cudaMemcpyFromSymbol(it, kdb::tvm::g_tvm_items, sizeof(it)), "item trace copy");
+  const long long t0 = it[0][0][kdb::tvm::kItemEntry];
+  for (int k = 0; k < kdb::tvm::kTraceItems && it[0][k][kdb::tvm::kItemTop]; ++k)
+    for (int wg = 0; wg < 2; ++wg)
+      std::printf("  item %d wg %d: top %lld q_ready %lld first_qk %lld pairs_done %lld epilogue_done %lld\n", k, wg,
+                  it[wg][k][0] - t0, it[wg][k][1] - t0, it[wg][k][2] - t0, it[wg][k][3] - t0, it[wg][k][4] - t0);
+}
+
 static void run_shape(int b, int h, int t, int past, kdb::TvmPath path, std::mt19937& rng, bool timed = false,
                       bool traced = false) {
   const int s = past + t + 7, words = (t + 63) / 64;
@@ -123,13 +134,16 @@ static void run_shape(int b, int h, int t, int past, kdb::TvmPath path, std::mt1
 #ifdef KDB_TVM_TRACE
   if (traced) {
     static long long zero[2][kdb::tvm::kTraceSteps][kdb::tvm::kTraceEvents];
+    static long long zero_items[2][kdb::tvm::kTraceItems][kdb::tvm::kTraceItemEvents];
     check(cudaMemcpyToSymbol(kdb::tvm::g_tvm_trace, zero, sizeof(zero)), "trace reset");
+    check(cudaMemcpyToSymbol(kdb::tvm::g_tvm_items, zero_items, sizeof(zero_items)), "item trace reset");
     check(kdb::tree_verify_mla_launch(a, nullptr), "launch");
     check(cudaDeviceSynchronize(), "sync");
     const int tiles = (past + t + 63) / 64;
     std::printf("trace B %d H %d T %d past %d splits %d:\n", b, h, t, past, splits);
     // The traced CTA (gridDim.x / 2) is a whole unit of a tail plan unless the plan has a single full wave.
     print_trace(plan.tail_pieces > 0 ? tiles : (tiles + splits - 1) / splits, path);
+    if (path == kdb::TvmPath::kSeesaw) print_items();
   }
 #else
   (void)traced;
@@ -158,6 +172,12 @@ int main(int argc, char** argv) {
                           : !std::strcmp(name, "wgmma") ? kdb::TvmPath::kWgmma
                           : !std::strcmp(name, "seesaw") ? kdb::TvmPath::kSeesaw : kdb::TvmPath::kPingPong;
   std::mt19937 rng(0);
+  if (argc > 3 && !std::strcmp(argv[2], "trace") && !std::strcmp(argv[3], "short")) {  // 1K context (Session 9)
+    run_shape(8, 128, 64, 1024, path, rng, false, true);
+    run_shape(32, 64, 64, 1024, path, rng, false, true);
+    run_shape(16, 64, 65, 8192, path, rng, false, true);
+    return 0;
+  }
   if (argc > 2 && !std::strcmp(argv[2], "trace")) {
     run_shape(16, 64, 65, 8192, path, rng, false, true);
     run_shape(64, 8, 9, 32768, path, rng, false, true);

@@ -1,0 +1,26 @@
+// Raw launcher of the kv_compact family (no torch): in-place move of the accepted tree rows of every
+// layer's cache to the committed positions, all layers and requests in one launch.
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace kdb {
+
+// For k < accept_len[b]: cache[l, b, past + k, :] = cache[l, b, past + accepted[b, k], :], past = past_lens[b].
+// Needs accepted[b, :len] strictly increasing from 0 (so accepted[k] >= k): each thread then copies its
+// column slice in ascending k, and no row is written before every read of it. len = min(accept_len, width).
+// A slot is skipped when already in place (accepted[k] == k), negative, or when past < 0 or row past + k or
+// past + accepted[k] lies outside the cache (skipped rather than touched).
+struct KvCompactArgs {
+  void* cache;               // [layers, B, S, D] contiguous
+  int element_bytes;         // 2 (bf16) or 4 (f32)
+  int layers, batch, seq, dim;
+  const int32_t* past_lens;  // [B]
+  const int32_t* accepted;   // [B, width]
+  const int32_t* accept_len; // [B]
+  int width;
+};
+cudaError_t kv_compact_launch(const KvCompactArgs& a, cudaStream_t stream);
+
+}  // namespace kdb
