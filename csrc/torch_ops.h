@@ -27,8 +27,7 @@ std::vector<at::Tensor> tree_verify_mla(const at::Tensor& q, const at::Tensor& k
                                         const at::Tensor& past_lens, const at::Tensor& anc,
                                         double scale, const std::string& impl);
 // The grid plan tree_verify_mla takes on the current device for this shape and impl: {num_splits, tail_start,
-// tail_pieces, ctas} (csrc/tree_verify_mla.h, TvmPlan; ctas > 0: a persistent grid), so tests can tell which plan a
-// case exercised.
+// tail_pieces} (csrc/tree_verify_mla.h, TvmPlan), so tests can tell which plan a case exercised.
 std::vector<int64_t> tree_verify_mla_plan(int64_t batch, int64_t nodes, int64_t heads, int64_t cache_len,
                                           const std::string& impl);
 

@@ -267,10 +267,9 @@ namespace {
 // The seesaw path's tensor map of the cache: [batch][cache_len][576] bf16 (innermost first below), boxes of one
 // request's 64 rows x 64 columns with the 128-byte swizzle, i.e. one smem column block. Three dimensions, not
 // batch x cache_len rows, so that a box reaching before row 0 or past row S of its request arrives as zeros instead
-// of a neighbour's rows (the tail tile's box, csrc/tree_verify_mla_seesaw_ops.h). Q's map is the same over
-// [batch][T H][576], so the last M-tile's rows past T H arrive as zeros. The encoder is the driver's, reached through
-// the runtime, so the extension does not link libcuda. rows: S for the cache, T H for Q.
-cudaError_t encode_rows_map(CUtensorMap* map, const __nv_bfloat16* base, int batch, int rows) {
+// of a neighbour's rows (the tail tile's box, csrc/tree_verify_mla_seesaw_ops.h). The encoder is the driver's,
+// reached through the runtime, so the extension does not link libcuda.
+cudaError_t encode_kv_map(CUtensorMap* map, const __nv_bfloat16* kv, int batch, int cache_len) {
   static PFN_cuTensorMapEncodeTiled_v12000 encode = nullptr;
   if (encode == nullptr) {
     void* fn = nullptr;
@@ -280,20 +279,19 @@ cudaError_t encode_rows_map(CUtensorMap* map, const __nv_bfloat16* base, int bat
     encode = reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
   }
   const cuuint64_t row_bytes = kTvmDimQK * sizeof(__nv_bfloat16);
-  const cuuint64_t dims[3] = {kTvmDimQK, static_cast<cuuint64_t>(rows), static_cast<cuuint64_t>(batch)};
-  const cuuint64_t strides[2] = {row_bytes, row_bytes * rows};  // bytes, of dims 1 and 2
+  const cuuint64_t dims[3] = {kTvmDimQK, static_cast<cuuint64_t>(cache_len), static_cast<cuuint64_t>(batch)};
+  const cuuint64_t strides[2] = {row_bytes, row_bytes * cache_len};  // bytes, of dims 1 and 2
   const cuuint32_t box[3] = {64, kBlockN, 1}, elem_strides[3] = {1, 1, 1};
-  const CUresult r = encode(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3, const_cast<__nv_bfloat16*>(base), dims, strides,
+  const CUresult r = encode(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3, const_cast<__nv_bfloat16*>(kv), dims, strides,
                             box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
                             CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
 }
 
 cudaError_t launch_seesaw(const Params& p, dim3 grid, bool split, cudaStream_t stream) {
-  SeesawParams sp{p, {}, {}};
-  KDB_CUDA_TRY(encode_rows_map(&sp.kv_map, p.kv, p.batch, p.cache_len));
-  KDB_CUDA_TRY(encode_rows_map(&sp.q_map, p.q, p.batch, p.nodes * p.heads));
-  void (*kernel)(SeesawParams) = p.items > 0        ? tree_verify_mla_seesaw_kernel<kOutTail>
+  SeesawParams sp{p, {}};
+  KDB_CUDA_TRY(encode_kv_map(&sp.kv_map, p.kv, p.batch, p.cache_len));
+  void (*kernel)(SeesawParams) = p.tail_pieces > 0 ? tree_verify_mla_seesaw_kernel<kOutTail>
                                  : split             ? tree_verify_mla_seesaw_kernel<kOutPartial>
                                                      : tree_verify_mla_seesaw_kernel<kOutFinal>;
   KDB_CUDA_TRY(allow_dynamic_smem(kernel, kSsSmemBytes));
@@ -306,7 +304,7 @@ cudaError_t launch_seesaw(const Params& p, dim3 grid, bool split, cudaStream_t s
 
 cudaError_t tree_verify_mla_launch(const TreeVerifyMlaArgs& a, cudaStream_t stream) {
   if (a.shape.batch == 0) return cudaSuccess;
-  if ((a.plan.tail_pieces > 0 || a.plan.ctas > 0) && a.path != TvmPath::kSeesaw) return cudaErrorInvalidValue;  // v4 only
+  if (a.plan.tail_pieces > 0 && a.path != TvmPath::kSeesaw) return cudaErrorInvalidValue;  // only v4 decodes it
   const auto [p, grid, part_rows] = plan_launch(a);
   const bool split = part_rows > 0;
   if (a.path == TvmPath::kSeesaw) {

@@ -26,14 +26,11 @@ enum class TvmPath { kMma = 0, kWgmma = 1, kPingPong = 2, kSeesaw = 3 };
 // How the grid covers the B x ceil(T H / 64) units (request, M-tile of 64 rows) (plans/0004, Session 8): every unit
 // in num_splits KV splits (1: whole, no partials), or the seesaw's tail plan: units [0, tail_start) whole (as many
 // full waves as fit) and each later unit, the last and partial wave's, in tail_pieces KV pieces whose partials the
-// combine merges, so that wave does 1 / tail_pieces of a unit's work instead of all of it. Seesaw only, ctas > 0: a
-// persistent grid of `ctas` CTAs walks the unsplit plan's work items (whole units, then any tail pieces) with stride
-// ctas, loading the next item's Q and first KV tiles under the current one's last tiles (plans/0004, Session 9).
+// combine merges, so that wave does 1 / tail_pieces of a unit's work instead of all of it.
 struct TvmPlan {
   int num_splits = 1;
   int tail_start = 0;
   int tail_pieces = 0;  // 0: no tail plan
-  int ctas = 0;         // 0: one CTA per work item
 };
 
 struct TreeVerifyMlaArgs {
@@ -54,9 +51,8 @@ struct TreeVerifyMlaArgs {
 // Dynamic shared memory one CTA of the attention kernel needs (bytes).
 int tree_verify_mla_smem_bytes();
 // The grid plan for `path` on a GPU of num_sms SMs: KV splits per request so that the units fill the GPU (1 when
-// the batch already does), or, seesaw only, the tail plan where the cost model prefers it, and a persistent grid
-// when an unsplit plan has more work items than SMs. KDB_TVM_TAIL=0 / KDB_TVM_PERSIST=0 in the environment turn the
-// tail plan / the persistent grid off (the benches' A/B switches).
+// the batch already does), or, seesaw only, the tail plan where the cost model prefers it. KDB_TVM_TAIL=0 in the
+// environment turns the tail plan off (the benches' A/B switch).
 TvmPlan tree_verify_mla_plan(const TreeVerifyMlaShape& shape, int num_sms, TvmPath path);
 // fp32 scratch for partials: num_splits x B x T x H x (512 + 1), or tail_pieces x 64 x tail units x (512 + 1); 0 when
 // the plan has neither.

@@ -8,7 +8,7 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <cstdlib>  // getenv: KDB_TVM_TAIL, KDB_TVM_PERSIST
+#include <cstdlib>  // getenv: KDB_TVM_TAIL
 
 namespace kdb {
 namespace tvm {
@@ -25,8 +25,8 @@ inline int64_t tail_cost(int64_t units, int tiles, int pieces, int num_sms) {
   return units / num_sms * tiles + (tiles + pieces - 1) / pieces + kSplitOverheadTiles;
 }
 
-inline bool knob_on(const char* name) {  // unset or anything but "0..."
-  const char* knob = std::getenv(name);
+inline bool tail_plan_allowed() {
+  const char* knob = std::getenv("KDB_TVM_TAIL");
   return !(knob != nullptr && knob[0] == '0');
 }
 
@@ -45,14 +45,6 @@ inline TvmParts plan_parts(const TreeVerifyMlaShape& s, const TvmPlan& plan) {
 
 // The kernels' parameters and grids for args (its pointers are only copied here, never read): the attention grid as
 // the path's kernel decodes it, and the rows of each split's partial block that the combine merges (0: no combine).
-// The seesaw's one-dimensional work list of an unsplit plan: every unit whole, then (tail plan) the last wave's units
-// in pieces; 0 for the plans that keep the (row tiles, splits, batch) grid.
-inline int64_t plan_items(const TreeVerifyMlaShape& s, const TvmPlan& plan) {
-  const int64_t units = static_cast<int64_t>(s.batch) * row_tiles(s);
-  if (plan.tail_pieces > 0) return plan.tail_start + (units - plan.tail_start) * plan.tail_pieces;
-  return plan.ctas > 0 ? units : 0;
-}
-
 struct TvmLaunch {
   Params p;
   dim3 grid;
@@ -64,15 +56,12 @@ inline TvmLaunch plan_launch(const TreeVerifyMlaArgs& a) {
   const TvmParts parts = plan_parts(s, plan);
   const bool tail = plan.tail_pieces > 0, split = parts.rows > 0;
   const int tail_rows = tail ? static_cast<int>(parts.rows) : 0;
-  const int items = static_cast<int>(plan_items(s, plan));  // < 2^31: tree_verify_mla_plan bounds it
-  // Without a tail every item is a whole unit: tail_start = items makes ss_tail_unit decode them so.
   const Params p{a.q, a.kv, a.past_lens, a.anc, a.o_lat, a.lse, split ? a.workspace : nullptr,
                  split ? a.workspace + static_cast<size_t>(parts.blocks) * parts.rows * kTvmDimV : nullptr,
-                 s.batch, s.nodes, s.heads, s.cache_len, s.words, items > 0 ? 1 : plan.num_splits,
-                 static_cast<float>(a.scale * 1.4426950408889634), tail ? plan.tail_start : items, plan.tail_pieces,
-                 tail_rows, items};
-  const dim3 grid = items > 0 ? dim3(static_cast<unsigned>(plan.ctas > 0 ? plan.ctas : items))
-                              : dim3(row_tiles(s), plan.num_splits, s.batch);
+                 s.batch, s.nodes, s.heads, s.cache_len, s.words, tail ? 1 : plan.num_splits,
+                 static_cast<float>(a.scale * 1.4426950408889634), plan.tail_start, plan.tail_pieces, tail_rows};
+  const dim3 grid = tail ? dim3(static_cast<unsigned>(plan.tail_start + static_cast<int64_t>(tail_rows / kBlockM) * plan.tail_pieces))
+                         : dim3(row_tiles(s), plan.num_splits, s.batch);
   return {p, grid, parts.rows};
 }
 }  // namespace tvm
@@ -92,17 +81,11 @@ TvmPlan tree_verify_mla_plan(const TreeVerifyMlaShape& s, int num_sms, TvmPath p
     if (cost < best_cost) plan.num_splits = n, best_cost = cost;
   }
   const int64_t full = units / num_sms * num_sms, rest = units - full;
-  // The seesaw's work list is one dimension of int indices (blockIdx.x < 2^31).
-  if (path != TvmPath::kSeesaw || units > INT32_MAX / 2) return plan;
-  if (full > 0 && rest > 0 && knob_on("KDB_TVM_TAIL")) {
-    const int pieces = static_cast<int>(std::min<int64_t>(num_sms / rest, tiles));
-    if (pieces >= 2 && tail_cost(units, tiles, pieces, num_sms) < best_cost)
-      plan = TvmPlan{1, static_cast<int>(full), pieces};
-  }
-  // Persistent: one CTA per SM walks the items when there are more of them than SMs; the plan (what runs whole, what
-  // in pieces) is unchanged, only the per-CTA fixed costs of the later items overlap the earlier items' last tiles.
-  const int64_t items = plan.tail_pieces > 0 ? plan_items(s, plan) : units;
-  if (plan.num_splits == 1 && items > num_sms && knob_on("KDB_TVM_PERSIST")) plan.ctas = num_sms;
+  // The tail plan's grid is one dimension of int CTA indices (blockIdx.x < 2^31).
+  if (path != TvmPath::kSeesaw || full == 0 || rest == 0 || units > INT32_MAX / 2 || !tail_plan_allowed()) return plan;
+  const int pieces = static_cast<int>(std::min<int64_t>(num_sms / rest, tiles));
+  if (pieces >= 2 && tail_cost(units, tiles, pieces, num_sms) < best_cost)
+    plan = TvmPlan{1, static_cast<int>(full), pieces};
   return plan;
 }
 

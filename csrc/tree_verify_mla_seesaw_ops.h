@@ -12,11 +12,10 @@ namespace tvm {
 
 // Smem map: v3's (Q | KV stage 0 | KV stage 1 | P | max | sum) with Q's block 8 reused for P of the odd tile once
 // both warpgroups hold Q's rope columns in registers, max[wg][64] = the row max each warpgroup published last, and
-// 18 mbarriers (stage x column block) after the sum, then Q's two (blocks 0..7, block 8).
+// 18 mbarriers (stage x column block) after the sum.
 constexpr int kSsOffPOdd = 8 * kColBlockBytes;
 constexpr int kSsOffBar = kSmemUsed;
-constexpr int kSsOffBarQ = kSsOffBar + 2 * 9 * 8;
-constexpr int kSsSmemBytes = kSsOffBarQ + 2 * 8 + 1024;  // 231,584 B
+constexpr int kSsSmemBytes = kSmemUsed + 2 * 9 * 8 + 1024;  // 231,568 B
 static_assert(kSsSmemBytes <= 232448, "H100/H200 allow 232,448 B of shared memory per block");
 constexpr int kSsBarM0 = 5;   // warpgroup 0 -> 1: m of the even tile in max[0] and its P in smem
 constexpr int kSsBarM1 = 6;   // 1 -> 0: m of the odd tile in max[1] and its P in smem
@@ -26,25 +25,14 @@ constexpr int kSsBarS0 = 8;   // 0 -> 1: S of the next even tile is done, the ne
 struct SeesawParams {
   Params p;
   CUtensorMap kv_map;  // [batch][cache_len][576] bf16, box 1 x 64 x 64, 128-byte swizzle (the smem tile layout)
-  CUtensorMap q_map;   // [batch][T H][576] bf16, the same boxes: rows past T H arrive as zeros
 };
 
 struct SsTile {  // one KV tile of the split as a warpgroup sees it
   uint32_t stage;   // smem address of its stage
   uint32_t bars;    // smem address of the stage's 9 mbarriers
-  uint32_t parity;  // the stage's use count & 1 (SsSlots)
+  uint32_t parity;  // (local index / 2) & 1: the stage's use count
   int t;            // tile index within the request
   int shift;        // its box starts at cache row 64 t - shift (ss_tile); its columns < shift are masked
-};
-
-// Where a work item's tiles sit in the CTA's sequence of stage uses (a persistent CTA runs several items). Item tile i
-// takes slot slot0 + i, stage i & 1; slot0 is even (an item starts in stage 0), so an item of odd length leaves its
-// last stage-1 slot empty. Stage 0's use count at slot v is v / 2; stage 1's is v / 2 less the holes before it.
-struct SsSlots {
-  int slot0;  // slots of the CTA's earlier items: the sum of their lengths rounded up to even
-  int holes;  // parity of the number of those items of odd length
-  __host__ __device__ __forceinline__ uint32_t parity(int i) const { return (((slot0 + i) >> 1) ^ (i & holes)) & 1; }
-  __host__ __device__ __forceinline__ SsSlots after(int n) const { return {slot0 + n + (n & 1), holes ^ (n & 1)}; }
 };
 
 // Tile t's box is cache rows [64 t, 64 t + 64), except the tail tile of a request that ends inside the cache
@@ -53,10 +41,11 @@ struct SsSlots {
 // request's row 0, arrive as TMA's zero fill) and are masked. Rows at or past S arrive as zeros: outside the past + T
 // <= S promise a visible column there scores 0, as v3's clamped loads give. No tile needs a zero fill, so neither
 // warpgroup runs a barrier the other does not (the one that did made racecheck misreport, plans/0004 s8).
-__device__ __forceinline__ SsTile ss_tile(uint32_t s_base, int t_begin, int i, int kv_end, int cache_len, SsSlots sl) {
+__device__ __forceinline__ SsTile ss_tile(uint32_t s_base, int t_begin, int i, int kv_end, int cache_len) {
   const uint32_t st = i & 1;
   const int t = t_begin + i, shift = kv_end < cache_len ? max(0, (t + 1) * kBlockN - kv_end) : 0;
-  return {s_base + kOffKv + st * kTileBytes, s_base + kSsOffBar + 8 * 9 * st, sl.parity(i), t, shift};
+  return {s_base + kOffKv + st * kTileBytes, s_base + kSsOffBar + 8 * 9 * st, static_cast<uint32_t>(i >> 1) & 1, t,
+          shift};
 }
 
 // Column blocks [j0, j1) of tile k of request b into its stage, by one thread: one TMA box and one mbarrier per block.
@@ -66,13 +55,6 @@ __device__ __forceinline__ void ss_load(const SeesawParams& sp, const SsTile& k,
     mbar_expect_tx(k.bars + 8 * j, kColBlockBytes);
     tma_load_3d(k.stage + j * kColBlockBytes, &sp.kv_map, 64 * j, y, b, k.bars + 8 * j);
   }
-}
-
-// Q's column blocks [j0, j1) of M-tile m0 of request b into the Q tile, by one thread, completing on one mbarrier.
-__device__ __forceinline__ void ss_load_q(const SeesawParams& sp, uint32_t s_base, int b, int m0, int j0, int j1,
-                                          uint32_t bar) {
-  mbar_expect_tx(bar, (j1 - j0) * kColBlockBytes);
-  for (int j = j0; j < j1; ++j) tma_load_3d(s_base + j * kColBlockBytes, &sp.q_map, 64 * j, m0, b, bar);
 }
 
 // The masked tile's visibility words as its box holds it: bit r <=> cache row 64 t - shift + r, so the columns of

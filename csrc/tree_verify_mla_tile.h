@@ -44,9 +44,6 @@ struct Params {
   // The seesaw's tail plan (TvmPlan, tail_pieces > 0): units (request, M-tile) [0, tail_start) whole, each later unit
   // in tail_pieces pieces whose partials are [tail_pieces, tail_rows = 64 x tail units] rows (part_o / part_lse).
   int tail_start, tail_pieces, tail_rows;
-  // The seesaw's one-dimensional work list (tail plan or persistent grid; 0: the grid is (row tiles, splits, batch)):
-  // items [0, tail_start) are whole units, the rest tail pieces (ss_tail_unit); CTA c runs items c, c + gridDim.x, ...
-  int items;
 };
 
 // Units are (request, M-tile of 64 rows of node x head), request-major: unit u is M-tile u % row_tiles of request
@@ -57,9 +54,8 @@ __host__ __device__ __forceinline__ int row_tiles_of(int nodes, int heads) { ret
 // (the paths number their own events): compiled in only with -DKDB_TVM_TRACE (reports/h200/racecheck_pingpong.cu
 // `trace`, plans/0004), else a no-op. The marks' stores make the next proxy fence wait: ~1-3 % slower.
 constexpr int kTraceSteps = 1024, kTraceEvents = 12;
-// Per work item of the same CTA (the seesaw's item loop; plans/0004 Session 9): kTraceItemEvents marks of its k-th item.
-constexpr int kTraceItems = 16, kTraceItemEvents = 6;
-enum TvmItemEvent { kItemTop, kItemQ, kItemQk, kItemPairs, kItemDone, kItemEntry };
+// And a CTA's phases around its pairs (seesaw): entry, Q landed, first QK done, pairs done, epilogue done (s9).
+enum TvmPhase { kPhaseEntry, kPhaseQ, kPhaseQk, kPhasePairs, kPhaseDone, kPhases };
 #ifdef KDB_TVM_TRACE
 __device__ long long g_tvm_trace[2][kTraceSteps][kTraceEvents];
 __device__ __forceinline__ void tvm_mark(int i, int ev) {
@@ -67,15 +63,14 @@ __device__ __forceinline__ void tvm_mark(int i, int ev) {
       i < kTraceSteps)
     g_tvm_trace[threadIdx.x >> 7][i][ev] = clock64();
 }
-__device__ long long g_tvm_items[2][kTraceItems][kTraceItemEvents];
-__device__ __forceinline__ void tvm_mark_item(int k, int ev) {
-  if ((threadIdx.x & 127) == 0 && blockIdx.x == gridDim.x / 2 && blockIdx.y == 0 && blockIdx.z == gridDim.z / 2 &&
-      k < kTraceItems)
-    g_tvm_items[threadIdx.x >> 7][k][ev] = clock64();
+__device__ long long g_tvm_phases[2][kPhases];
+__device__ __forceinline__ void tvm_phase(int ev) {
+  if ((threadIdx.x & 127) == 0 && blockIdx.x == gridDim.x / 2 && blockIdx.y == 0 && blockIdx.z == gridDim.z / 2)
+    g_tvm_phases[threadIdx.x >> 7][ev] = clock64();
 }
 #else
 __device__ __forceinline__ void tvm_mark(int, int) {}
-__device__ __forceinline__ void tvm_mark_item(int, int) {}
+__device__ __forceinline__ void tvm_phase(int) {}
 #endif
 
 // Barrier for the two warps that own the same 16 rows (64 threads); ids 1..4, id 0 is __syncthreads.
@@ -252,14 +247,12 @@ __device__ __forceinline__ void softmax_exp(float (&s)[8][4], uint32_t (&pa)[4][
 struct SplitTiles {
   int past, kv_end, t_begin, t_end;
 };
-__device__ __forceinline__ SplitTiles split_range(const Params& p, int past, int split, int splits) {  // past >= 0
+__device__ __forceinline__ SplitTiles split_tiles(const Params& p, int b, int split, int splits) {
+  const int past = max(p.past_lens[b], 0);
   const int kv_end = min(past + p.nodes, p.cache_len);
   const int n_tiles = (kv_end + kBlockN - 1) / kBlockN;
   return {past, kv_end, static_cast<int>(static_cast<int64_t>(n_tiles) * split / splits),
           static_cast<int>(static_cast<int64_t>(n_tiles) * (split + 1) / splits)};
-}
-__device__ __forceinline__ SplitTiles split_tiles(const Params& p, int b, int split, int splits) {
-  return split_range(p, max(p.past_lens[b], 0), split, splits);
 }
 __device__ __forceinline__ SplitTiles split_tiles(const Params& p, int b, int split) {
   return split_tiles(p, b, split, p.num_splits);

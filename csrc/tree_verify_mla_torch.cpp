@@ -142,7 +142,7 @@ std::vector<int64_t> tree_verify_mla_plan(int64_t batch, int64_t nodes, int64_t 
   int dev = 0;
   C10_CUDA_CHECK(cudaGetDevice(&dev));
   const TvmPlan plan = path_and_plan(shape, impl, dev).second;
-  return {plan.num_splits, plan.tail_start, plan.tail_pieces, plan.ctas};
+  return {plan.num_splits, plan.tail_start, plan.tail_pieces};
 }
 
 }  // namespace kdb

@@ -1,12 +1,12 @@
 // Diagnosis of the racecheck report on tree_verify_mla's ping-pong path (plans/0004): the kernel file compiled
-// standalone (no torch) and launched on six small shapes (sanitize_kernels.py's three, an unsplit one, a tail-plan
-// one, a persistent one), path chosen on the command line.
+// standalone (no torch) and launched on six small shapes (sanitize_kernels.py's three, two unsplit ones, a tail-plan
+// one), path chosen on the command line.
 // Built twice: as shipped (the producer signals with bar.sync) and with -DKDB_PINGPONG_BAR_ARRIVE (bar.arrive, the
 // form shipped until 2026-12-01 s3). racecheck flags the arrive build only: it does not treat bar.arrive ->
 // bar.sync as an edge. Usage: racecheck_pingpong {mma|wgmma|pingpong|seesaw} [time [all|short] | trace]
 // `time`: three peer anchor shapes (`all`: the six; `short`: and four 1K-context grid shapes), CUDA events (3 warm-up,
-// median of 15), so two builds' cost can be compared; KDB_TVM_TAIL=0 / KDB_TVM_PERSIST=0 turn the seesaw's tail plan /
-// persistent grid off (the same binary's A/B). Paths: mma, wgmma, pingpong (the default here) and seesaw (v4, the extension's default on sm_90).
+// median of 15), so two builds' cost can be compared; KDB_TVM_TAIL=0 turns the seesaw's tail plan off (the same
+// binary's A/B). Paths: mma, wgmma, pingpong (the default here) and seesaw (v4, the extension's default on sm_90).
 // Every run prints a hash of all output bits; built with -DKDB_TVM_JITTER (random sleeps around every named barrier),
 // repeated runs must print the hashes of the plain build (plans/0004, "Design v4").
 // `trace` (build with -DKDB_TVM_TRACE): per-phase timestamps of one CTA in the middle of the grid (thread 0 of each
@@ -73,15 +73,13 @@ static void print_trace(int n_tiles, kdb::TvmPath path) {
 }
 #endif
 
-// The seesaw's per-item marks of the traced CTA (kItemTop .. kItemEntry), cycles after the kernel entry of warpgroup 0.
-static void print_items() {
-  static long long it[2][kdb::tvm::kTraceItems][kdb::tvm::kTraceItemEvents];
-  check(cudaMemcpyFromSymbol(it, kdb::tvm::g_tvm_items, sizeof(it)), "item trace copy");
-  const long long t0 = it[0][0][kdb::tvm::kItemEntry];
-  for (int k = 0; k < kdb::tvm::kTraceItems && it[0][k][kdb::tvm::kItemTop]; ++k)
-    for (int wg = 0; wg < 2; ++wg)
-      std::printf("  item %d wg %d: top %lld q_ready %lld first_qk %lld pairs_done %lld epilogue_done %lld\n", k, wg,
-                  it[wg][k][0] - t0, it[wg][k][1] - t0, it[wg][k][2] - t0, it[wg][k][3] - t0, it[wg][k][4] - t0);
+// The seesaw's phase marks of the traced CTA (kPhaseEntry .. kPhaseDone), cycles after warpgroup 0's entry.
+static void print_phases() {
+  static long long ph[2][kdb::tvm::kPhases];
+  check(cudaMemcpyFromSymbol(ph, kdb::tvm::g_tvm_phases, sizeof(ph)), "phase trace copy");
+  for (int wg = 0; wg < 2; ++wg)
+    std::printf("  phases wg %d: q_ready %lld first_qk %lld pairs_done %lld epilogue_done %lld (cycles after entry)\n", wg,
+                ph[wg][1] - ph[0][0], ph[wg][2] - ph[0][0], ph[wg][3] - ph[0][0], ph[wg][4] - ph[0][0]);
 }
 
 static void run_shape(int b, int h, int t, int past, kdb::TvmPath path, std::mt19937& rng, bool timed = false,
@@ -134,16 +132,16 @@ static void run_shape(int b, int h, int t, int past, kdb::TvmPath path, std::mt1
 #ifdef KDB_TVM_TRACE
   if (traced) {
     static long long zero[2][kdb::tvm::kTraceSteps][kdb::tvm::kTraceEvents];
-    static long long zero_items[2][kdb::tvm::kTraceItems][kdb::tvm::kTraceItemEvents];
+    static long long zero_phases[2][kdb::tvm::kPhases];
     check(cudaMemcpyToSymbol(kdb::tvm::g_tvm_trace, zero, sizeof(zero)), "trace reset");
-    check(cudaMemcpyToSymbol(kdb::tvm::g_tvm_items, zero_items, sizeof(zero_items)), "item trace reset");
+    check(cudaMemcpyToSymbol(kdb::tvm::g_tvm_phases, zero_phases, sizeof(zero_phases)), "phase trace reset");
     check(kdb::tree_verify_mla_launch(a, nullptr), "launch");
     check(cudaDeviceSynchronize(), "sync");
     const int tiles = (past + t + 63) / 64;
     std::printf("trace B %d H %d T %d past %d splits %d:\n", b, h, t, past, splits);
     // The traced CTA (gridDim.x / 2) is a whole unit of a tail plan unless the plan has a single full wave.
     print_trace(plan.tail_pieces > 0 ? tiles : (tiles + splits - 1) / splits, path);
-    if (path == kdb::TvmPath::kSeesaw) print_items();
+    if (path == kdb::TvmPath::kSeesaw) print_phases();
   }
 #else
   (void)traced;
@@ -203,8 +201,8 @@ int main(int argc, char** argv) {
     return 0;
   }
   run_shape(4, 64, 65, 300, path, rng);    // no split (260 CTAs), pairs of tiles with a tail
-  run_shape(3, 64, 65, 300, path, rng);    // seesaw: the tail plan (132 whole units, 63 in 2 pieces), persistent
-  run_shape(5, 64, 65, 100, path, rng);    // seesaw: persistent, 325 whole units of 3 tiles (odd: empty stage slots)
+  run_shape(3, 64, 65, 300, path, rng);    // seesaw: the tail plan (132 whole units, 63 in 2 pieces)
+  run_shape(5, 64, 65, 100, path, rng);    // no split, 325 units of 3 tiles (an odd count: the last pair has one)
   run_shape(2, 16, 65, 300, path, rng);    // split, many row tiles
   run_shape(1, 8, 17, 4097, path, rng);    // split-KV, few rows
   run_shape(3, 8, 9, 191, path, rng);      // ragged small
