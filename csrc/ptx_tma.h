@@ -1,5 +1,5 @@
 // PTX wrappers for tree_verify_mla's seesaw path (v4, sm_90a) and the ping-pong's tile waits (v3): mbarriers, 3D tensor-memory-accelerator (TMA)
-// loads that complete on an mbarrier, the non-waiting named-barrier arrive, and the 64-wide wgmma with A from
+// loads that complete on an mbarrier, TMA stores in bulk groups, the non-waiting named-barrier arrive, and the 64-wide wgmma with A from
 // registers. Elsewhere the init, the TMA load and the wgmma trap, the other mbarrier wrappers compile to nothing
 // (the launcher never selects the path there). Included by csrc/*.cu only.
 #pragma once
@@ -56,6 +56,29 @@ __device__ __forceinline__ void tma_load_3d(uint32_t dst, const void* map, int x
       : "memory");
 #else
   __trap();
+#endif
+}
+
+// Box (x, y, z) of the tensor map `map` from shared memory at src (in the map's swizzle); elements outside the map's
+// extent are not written. One bulk async group per commit; bulk_wait_read: the committed groups have read their
+// shared memory (it may be reused, or the CTA exit), their global writes may still be in flight.
+__device__ __forceinline__ void tma_store_3d(const void* map, uint32_t src, int x, int y, int z) {
+#if KDB_HAS_WGMMA
+  asm volatile("cp.async.bulk.tensor.3d.global.shared::cta.bulk_group [%0, {%2, %3, %4}], [%1];\n" ::"l"(map), "r"(src),
+               "r"(x), "r"(y), "r"(z)
+               : "memory");
+#else
+  __trap();
+#endif
+}
+__device__ __forceinline__ void bulk_commit() {
+#if KDB_HAS_WGMMA
+  asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void bulk_wait_read() {
+#if KDB_HAS_WGMMA
+  asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
 #endif
 }
 

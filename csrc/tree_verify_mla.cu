@@ -269,7 +269,8 @@ namespace {
 // batch x cache_len rows, so that a box reaching before row 0 or past row S of its request arrives as zeros instead
 // of a neighbour's rows (the tail tile's box, csrc/tree_verify_mla_seesaw_ops.h). The encoder is the driver's,
 // reached through the runtime, so the extension does not link libcuda.
-cudaError_t encode_kv_map(CUtensorMap* map, const __nv_bfloat16* kv, int batch, int cache_len) {
+// The final O's map is the same over [batch][T H][512] (ss_store_final): rows past T H are outside it.
+cudaError_t encode_rows_map(CUtensorMap* map, const __nv_bfloat16* base, int batch, int rows, int cols) {
   static PFN_cuTensorMapEncodeTiled_v12000 encode = nullptr;
   if (encode == nullptr) {
     void* fn = nullptr;
@@ -278,19 +279,20 @@ cudaError_t encode_kv_map(CUtensorMap* map, const __nv_bfloat16* kv, int batch, 
     if (err != cudaSuccess || found != cudaDriverEntryPointSuccess || fn == nullptr) return cudaErrorNotSupported;
     encode = reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
   }
-  const cuuint64_t row_bytes = kTvmDimQK * sizeof(__nv_bfloat16);
-  const cuuint64_t dims[3] = {kTvmDimQK, static_cast<cuuint64_t>(cache_len), static_cast<cuuint64_t>(batch)};
-  const cuuint64_t strides[2] = {row_bytes, row_bytes * cache_len};  // bytes, of dims 1 and 2
+  const cuuint64_t row_bytes = cols * sizeof(__nv_bfloat16);
+  const cuuint64_t dims[3] = {static_cast<cuuint64_t>(cols), static_cast<cuuint64_t>(rows), static_cast<cuuint64_t>(batch)};
+  const cuuint64_t strides[2] = {row_bytes, row_bytes * rows};  // bytes, of dims 1 and 2
   const cuuint32_t box[3] = {64, kBlockN, 1}, elem_strides[3] = {1, 1, 1};
-  const CUresult r = encode(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3, const_cast<__nv_bfloat16*>(kv), dims, strides,
+  const CUresult r = encode(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3, const_cast<__nv_bfloat16*>(base), dims, strides,
                             box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
                             CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
 }
 
 cudaError_t launch_seesaw(const Params& p, dim3 grid, bool split, cudaStream_t stream) {
-  SeesawParams sp{p, {}};
-  KDB_CUDA_TRY(encode_kv_map(&sp.kv_map, p.kv, p.batch, p.cache_len));
+  SeesawParams sp{p, {}, {}};
+  KDB_CUDA_TRY(encode_rows_map(&sp.kv_map, p.kv, p.batch, p.cache_len, kTvmDimQK));
+  KDB_CUDA_TRY(encode_rows_map(&sp.o_map, p.o_lat, p.batch, p.nodes * p.heads, kTvmDimV));
   void (*kernel)(SeesawParams) = p.tail_pieces > 0 ? tree_verify_mla_seesaw_kernel<kOutTail>
                                  : split             ? tree_verify_mla_seesaw_kernel<kOutPartial>
                                                      : tree_verify_mla_seesaw_kernel<kOutFinal>;

@@ -207,6 +207,8 @@ __global__ void __launch_bounds__(kThreads, 1) tree_verify_mla_seesaw_kernel(con
   SsCtx x{sp, smem, s_base, b, past, kv_end, t_begin, n, w,
           {16 * w.rg + (w.lane >> 2), 16 * w.rg + (w.lane >> 2) + 8}, {nullptr, nullptr}};
   anc_rows(p, b, m0, w, x.anc_row);
+  const bool real[2] = {x.anc_row[0] != nullptr && node_is_real(x.anc_row[0], p.words),
+                        x.anc_row[1] != nullptr && node_is_real(x.anc_row[1], p.words)};  // for ss_store_final
   float acc[32][4], s[8][4];
   uint32_t pa[4][4] = {};
 #pragma unroll
@@ -221,7 +223,8 @@ __global__ void __launch_bounds__(kThreads, 1) tree_verify_mla_seesaw_kernel(con
   wgmma_wait<0>();
   pp_fence_regs(acc, pa);
   tvm_phase(kPhasePairs);
-  epilogue_rows<kOut>(p, acc, st, smem, b, m0, w, u.part_base);
+  if (kOut == kOutPartial || (kOut == kOutTail && u.part_base >= 0)) epilogue_rows<kOut>(p, acc, st, smem, b, m0, w, u.part_base);
+  else ss_store_final(sp, acc, st, smem, b, m0, w, real);
   tvm_phase(kPhaseDone);
 }
 

@@ -25,6 +25,7 @@ constexpr int kSsBarS0 = 8;   // 0 -> 1: S of the next even tile is done, the ne
 struct SeesawParams {
   Params p;
   CUtensorMap kv_map;  // [batch][cache_len][576] bf16, box 1 x 64 x 64, 128-byte swizzle (the smem tile layout)
+  CUtensorMap o_map;   // [batch][T H][512] bf16, the same boxes: the final rows' stores (ss_store_final)
 };
 
 struct SsTile {  // one KV tile of the split as a warpgroup sees it
@@ -94,6 +95,55 @@ __device__ __forceinline__ void ss_load_rope(uint32_t (&rope)[4][4], uint32_t q,
 #pragma unroll
   for (int kk = 0; kk < 4; ++kk)
     ldsm_x4(rope[kk], q + 8 * kColBlockBytes + x4_off(16 * w.rg, w.lane, kk));
+}
+
+}  // namespace tvm
+}  // namespace kdb
+
+namespace kdb {
+namespace tvm {
+
+// Final rows (bf16 O and lse) of M-tile m0 of request b, through shared memory: O into KV stage 0 in the tile layout
+// (16 stmatrix per thread, where epilogue_rows issues 64 scattered 4-byte global stores), then 8 TMA stores of its
+// 64 x 64 blocks; rows past the request lie outside o_map's extent and are not written. Stage 0 is free here: each
+// warpgroup writes the column half (blocks 4 ch .. 4 ch + 3) that only its own, waited, PV of the last even tile read
+// (the other warpgroup's QK of that tile finished before the last pair), and no refill is in flight after the last
+// pair. real[h]: the row's node is not padding (read before the pairs, so its load is off this path). Same values
+// and rounding as epilogue_rows<kOutFinal>.
+__device__ __forceinline__ void ss_store_final(const SeesawParams& sp, float (&acc)[32][4], RowState& st, uint8_t* smem,
+                                               int b, int m0, Role w, const bool (&real)[2]) {
+  const Params& p = sp.p;
+  const float* red_sum = reinterpret_cast<const float*>(smem + kOffSum);
+  const int g = w.lane >> 2, c = w.lane & 3, rows = p.nodes * p.heads;
+  share_row_sums(st, smem, w);
+  float inv_l[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int r = 16 * w.rg + g + 8 * h, row = m0 + r;
+    const float l = st.l[h] + red_sum[(w.ch ^ 1) * kBlockM + r];
+    const bool seen = l > 0.f && real[h];
+    inv_l[h] = seen ? 1.f / l : 0.f;
+    if (w.ch == 0 && c == 0 && row < rows) p.lse[static_cast<size_t>(b) * rows + row] = seen ? st.m[h] * kLn2 + logf(l) : -INFINITY;
+  }
+  const uint32_t o_tile = smem_addr(smem) + kOffKv;
+#pragma unroll
+  for (int kk = 0; kk < 16; ++kk) {  // columns 256 ch + 16 kk ..: n-tiles 2 kk, 2 kk + 1 as stmatrix's four 8 x 8 blocks
+    uint32_t frag[4];
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+      const float* a = acc[2 * kk + (q >> 1)] + 2 * (q & 1);
+      const __nv_bfloat162 v = __floats2bfloat162_rn(a[0] * inv_l[q & 1], a[1] * inv_l[q & 1]);
+      frag[q] = *reinterpret_cast<const uint32_t*>(&v);
+    }
+    stsm_x4(o_tile + x4_off(16 * w.rg, w.lane, 16 * w.ch + kk), frag);
+  }
+  fence_proxy_async_smem();  // the TMA unit reads what the generic proxy wrote
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    for (int j = 0; j < kTvmDimV / 64; ++j) tma_store_3d(&sp.o_map, o_tile + j * kColBlockBytes, 64 * j, m0, b);
+    bulk_commit();
+    bulk_wait_read();  // stage 0 must stay until the TMA unit has read it (the CTA exits next)
+  }
 }
 
 }  // namespace tvm

@@ -281,19 +281,27 @@ enum TvmOut { kOutFinal = 0, kOutPartial = 1, kOutTail = 2 };
 
 // Finishes the row sums across the lane quad and the warp pair, then writes O and lse of M-tile m0 of request b;
 // partial row of M-tile row r = part_base + r.
+// The row sums over the lane quad, published for the other column half (red_sum[ch][row]) and synced with the warp
+// that owns the same rows there; the caller adds red_sum[ch ^ 1][row].
+__device__ __forceinline__ void share_row_sums(RowState& st, uint8_t* smem, Role w) {
+  float* red_sum = reinterpret_cast<float*>(smem + kOffSum);
+  const int g = w.lane >> 2, c = w.lane & 3;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    st.l[h] += __shfl_xor_sync(0xffffffffu, st.l[h], 1);
+    st.l[h] += __shfl_xor_sync(0xffffffffu, st.l[h], 2);
+    if (c == 0) red_sum[w.ch * kBlockM + 16 * w.rg + g + 8 * h] = st.l[h];
+  }
+  pair_sync(w.rg);
+}
+
 template <int kOut>
 __device__ __forceinline__ void epilogue_rows(const Params& p, float (&acc)[32][4], RowState& st, uint8_t* smem,
                                               int b, int m0, Role w, int64_t part_base) {
   float* red_sum = reinterpret_cast<float*>(smem + kOffSum);
   const int g = w.lane >> 2, c = w.lane & 3, rows = p.nodes * p.heads, rg = w.rg, ch = w.ch;
   const bool partial = kOut == kOutPartial || (kOut == kOutTail && part_base >= 0);
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    st.l[h] += __shfl_xor_sync(0xffffffffu, st.l[h], 1);
-    st.l[h] += __shfl_xor_sync(0xffffffffu, st.l[h], 2);
-    if (c == 0) red_sum[ch * kBlockM + 16 * rg + g + 8 * h] = st.l[h];
-  }
-  pair_sync(rg);
+  share_row_sums(st, smem, w);
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const int r = 16 * rg + g + 8 * h, row = m0 + r;  // row within the request: node * H + head

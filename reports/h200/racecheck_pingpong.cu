@@ -73,6 +73,7 @@ static void print_trace(int n_tiles, kdb::TvmPath path) {
 }
 #endif
 
+#ifdef KDB_TVM_TRACE
 // The seesaw's phase marks of the traced CTA (kPhaseEntry .. kPhaseDone), cycles after warpgroup 0's entry.
 static void print_phases() {
   static long long ph[2][kdb::tvm::kPhases];
@@ -81,6 +82,7 @@ static void print_phases() {
     std::printf("  phases wg %d: q_ready %lld first_qk %lld pairs_done %lld epilogue_done %lld (cycles after entry)\n", wg,
                 ph[wg][1] - ph[0][0], ph[wg][2] - ph[0][0], ph[wg][3] - ph[0][0], ph[wg][4] - ph[0][0]);
 }
+#endif
 
 static void run_shape(int b, int h, int t, int past, kdb::TvmPath path, std::mt19937& rng, bool timed = false,
                       bool traced = false) {
