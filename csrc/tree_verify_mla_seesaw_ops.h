@@ -1,5 +1,6 @@
 // tree_verify_mla v4 (sm_90a), the seesaw path's building blocks: smem map, barrier ids, TMA loads of KV tiles
-// block by block (the tail tile's box ending at the request's last key), QK over a range of column blocks, the rope fragments.
+// block by block (the tail tile's box ending at the request's last key), QK over a range of column blocks, the rope
+// fragments, and the final rows' TMA stores.
 // The schedule that uses them: csrc/tree_verify_mla_seesaw.h; plans/0004.
 #pragma once
 #include <cuda.h>  // CUtensorMap (a type only; the launcher encodes it through the runtime's driver entry point)
@@ -96,12 +97,6 @@ __device__ __forceinline__ void ss_load_rope(uint32_t (&rope)[4][4], uint32_t q,
   for (int kk = 0; kk < 4; ++kk)
     ldsm_x4(rope[kk], q + 8 * kColBlockBytes + x4_off(16 * w.rg, w.lane, kk));
 }
-
-}  // namespace tvm
-}  // namespace kdb
-
-namespace kdb {
-namespace tvm {
 
 // Final rows (bf16 O and lse) of M-tile m0 of request b, through shared memory: O into KV stage 0 in the tile layout
 // (16 stmatrix per thread, where epilogue_rows issues 64 scattered 4-byte global stores), then 8 TMA stores of its

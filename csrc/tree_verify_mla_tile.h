@@ -279,8 +279,6 @@ __device__ __forceinline__ bool node_is_real(const uint64_t* anc_row, int words)
 // or, in the seesaw's tail plan, partials when part_base >= 0 and final rows otherwise (kOutTail).
 enum TvmOut { kOutFinal = 0, kOutPartial = 1, kOutTail = 2 };
 
-// Finishes the row sums across the lane quad and the warp pair, then writes O and lse of M-tile m0 of request b;
-// partial row of M-tile row r = part_base + r.
 // The row sums over the lane quad, published for the other column half (red_sum[ch][row]) and synced with the warp
 // that owns the same rows there; the caller adds red_sum[ch ^ 1][row].
 __device__ __forceinline__ void share_row_sums(RowState& st, uint8_t* smem, Role w) {
@@ -295,6 +293,8 @@ __device__ __forceinline__ void share_row_sums(RowState& st, uint8_t* smem, Role
   pair_sync(w.rg);
 }
 
+// Finishes the row sums across the lane quad and the warp pair, then writes O and lse of M-tile m0 of request b from
+// registers; partial row of M-tile row r = part_base + r. (The seesaw's final rows leave through ss_store_final.)
 template <int kOut>
 __device__ __forceinline__ void epilogue_rows(const Params& p, float (&acc)[32][4], RowState& st, uint8_t* smem,
                                               int b, int m0, Role w, int64_t part_base) {
