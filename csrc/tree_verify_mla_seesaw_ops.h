@@ -98,6 +98,15 @@ __device__ __forceinline__ void ss_load_rope(uint32_t (&rope)[4][4], uint32_t q,
     ldsm_x4(rope[kk], q + 8 * kColBlockBytes + x4_off(16 * w.rg, w.lane, kk));
 }
 
+// The final O tile's stmatrix fragments: for columns 256 ch + 16 kk .. + 15 of the warp's 16 rows, fragment q holds
+// n-tile ss_o_ntile(kk, q) of the accumulators (its row half q & 1: rows g, g + 8), the four 8 x 8 blocks of x4; lane l
+// gives the address of row l % 8 of block l / 8 (checked on the host against the TMA box's swizzle:
+// tests/tree_verify_mla_plan_check.cu).
+__host__ __device__ __forceinline__ int ss_o_ntile(int kk, int q) { return 2 * kk + (q >> 1); }
+__host__ __device__ __forceinline__ uint32_t ss_o_frag_off(int rg, int ch, int lane, int kk) {
+  return x4_off(16 * rg, lane, 16 * ch + kk);
+}
+
 // Final rows (bf16 O and lse) of M-tile m0 of request b, through shared memory: O into KV stage 0 in the tile layout
 // (16 stmatrix per thread, where epilogue_rows issues 64 scattered 4-byte global stores), then 8 TMA stores of its
 // 64 x 64 blocks; rows past the request lie outside o_map's extent and are not written. Stage 0 is free here: each
@@ -122,15 +131,15 @@ __device__ __forceinline__ void ss_store_final(const SeesawParams& sp, float (&a
   }
   const uint32_t o_tile = smem_addr(smem) + kOffKv;
 #pragma unroll
-  for (int kk = 0; kk < 16; ++kk) {  // columns 256 ch + 16 kk ..: n-tiles 2 kk, 2 kk + 1 as stmatrix's four 8 x 8 blocks
+  for (int kk = 0; kk < 16; ++kk) {
     uint32_t frag[4];
 #pragma unroll
     for (int q = 0; q < 4; ++q) {
-      const float* a = acc[2 * kk + (q >> 1)] + 2 * (q & 1);
+      const float* a = acc[ss_o_ntile(kk, q)] + 2 * (q & 1);
       const __nv_bfloat162 v = __floats2bfloat162_rn(a[0] * inv_l[q & 1], a[1] * inv_l[q & 1]);
       frag[q] = *reinterpret_cast<const uint32_t*>(&v);
     }
-    stsm_x4(o_tile + x4_off(16 * w.rg, w.lane, 16 * w.ch + kk), frag);
+    stsm_x4(o_tile + ss_o_frag_off(w.rg, w.ch, w.lane, kk), frag);
   }
   fence_proxy_async_smem();  // the TMA unit reads what the generic proxy wrote
   __syncthreads();

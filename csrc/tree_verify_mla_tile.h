@@ -96,12 +96,12 @@ __device__ __forceinline__ Role role() {
 // Shared-memory layout of a 64-row tile (Q, each KV stage, P): 64-column blocks of 64 rows x 128 B, block-major;
 // 16-byte chunk c of row r sits in block c / 8 at chunk (c % 8) ^ (r % 8). This is wgmma's 128-byte swizzle
 // (atoms of 8 rows x 128 B), and for ldmatrix the 8 rows of one phase hit 8 different bank groups.
-__device__ __forceinline__ uint32_t tile_off(int row, int chunk) {
+__host__ __device__ __forceinline__ uint32_t tile_off(int row, int chunk) {
   return (chunk >> 3) * kColBlockBytes + row * 128 + (((chunk & 7) ^ (row & 7)) << 4);
 }
 // The row address lane l gives ldmatrix / stmatrix x4 for the 16 x 16 block (rows r16.., k16 step kk) of a tile:
 // row l % 16, chunk 2 kk + l / 16, so the four 8 x 8 matrices are the mma / wgmma A fragment's a0..a3.
-__device__ __forceinline__ uint32_t x4_off(int r16, int lane, int kk) {
+__host__ __device__ __forceinline__ uint32_t x4_off(int r16, int lane, int kk) {
   return tile_off(r16 + (lane & 15), 2 * kk + (lane >> 4));
 }
 

@@ -1,7 +1,9 @@
 """tree_verify_mla's grid plans on the host (no GPU needed): tests/tree_verify_mla_plan_check.cu includes the kernel
 file, so the plan, the launch parameters, the seesaw tail plan's CTA decode and the combine's row map are the shipped
 code; it checks them on 3,148 shapes and SM counts (every unit run once whole or once per piece, every partial row
-written once and merged into the row it belongs to, the workspace size) and prints one line per failure."""
+written once and merged into the row it belongs to, the workspace size), and the seesaw's final O tile layout (each
+accumulator element through stmatrix to the byte the TMA store's swizzled box reads for it, the tile covered once),
+and prints one line per failure."""
 from __future__ import annotations
 
 import os

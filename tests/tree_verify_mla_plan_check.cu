@@ -1,8 +1,9 @@
 // Host-only check of tree_verify_mla's grid plans (csrc/tree_verify_mla.cu, plans/0004 "Session 8"), run by
 // tests/test_tree_verify_mla_plan.py on machines without a GPU: for many shapes and SM counts, the plan's invariants,
 // the seesaw tail plan's CTA decode (ss_tail_unit) covering every unit once whole or once per piece, the partial rows
-// each piece writes, the combine's reading of them (combine_out_row) and the workspace size. Prints one line per
-// failure (at most 20) and the count of shapes; exit status 1 on any failure. No CUDA API call is made.
+// each piece writes, the combine's reading of them (combine_out_row) and the workspace size; and the seesaw's final O
+// tile layout (stmatrix fragments against the TMA store's swizzled boxes). Prints one line per failure (at most 20)
+// and the count of shapes; exit status 1 on any failure. No CUDA API call is made.
 #include "../csrc/tree_verify_mla.cu"
 
 #include <cstdio>
@@ -94,6 +95,31 @@ void check_shape(int b, int t, int h, int s_len, int sms) {
   }
 }
 
+// v4's final O tile (ss_store_final): every accumulator element (row 16 rg + g (+ 8), column 256 ch + 8 n + 2 c (+ 1),
+// n the n-tile; lane = 4 g + c) goes through stmatrix (lane l addresses row l % 8 of 8 x 8 block l / 8; register q of
+// lane t holds that block's row t / 4, columns 2 (t % 4), + 1) to the byte the TMA store of box j = column / 64 reads
+// for it under the 128-byte swizzle (16-byte chunk k of box row r at chunk k ^ (r % 8)), and the 64 x 512 tile is
+// covered once.
+void check_o_tile() {
+  using namespace kdb::tvm;
+  std::vector<int> hits(64 * 512, 0);
+  for (int ch = 0; ch < 2; ++ch)
+    for (int rg = 0; rg < 4; ++rg)
+      for (int kk = 0; kk < 16; ++kk)
+        for (int t = 0; t < 32; ++t)
+          for (int q = 0; q < 4; ++q)
+            for (int e = 0; e < 2; ++e) {
+              const int row = 16 * rg + t / 4 + 8 * (q & 1), col = 256 * ch + 8 * ss_o_ntile(kk, q) + 2 * (t % 4) + e;
+              const uint32_t byte = ss_o_frag_off(rg, ch, 8 * q + t / 4, kk) + 4 * (t % 4) + 2 * e;
+              const int j = byte / kColBlockBytes, r = byte % kColBlockBytes / 128, k = (byte % 128 / 16) ^ (r % 8);
+              const int tma_col = 64 * j + 8 * k + byte % 16 / 2;
+              EXPECT(r == row && tma_col == col, "ch %d rg %d kk %d lane %d q %d: element (%d, %d) lands on (%d, %d)", ch, rg,
+                     kk, t, q, row, col, r, tma_col);
+              ++hits[row * 512 + col];
+            }
+  for (int i = 0; i < 64 * 512; ++i) EXPECT(hits[i] == 1, "O element (%d, %d) written %d times", i / 512, i % 512, hits[i]);
+}
+
 }  // namespace
 
 int main() {
@@ -106,6 +132,7 @@ int main() {
     for (int h : {8, 16, 64, 128})
       for (int t : {16, 64, 256})
         for (int past : {1024, 8192, 32768}) check_shape(b, t, h, past + t + 7, 132), ++shapes;
+  check_o_tile();
   std::mt19937 rng(20261201);
   for (int i = 0; i < 3000; ++i) {  // random shapes of up to ~20,000 units
     const int t = 1 + int(rng() % 1025), h = 1 + int(rng() % 128), rt = (t * h + 63) / 64;
