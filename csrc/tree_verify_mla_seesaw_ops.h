@@ -117,14 +117,13 @@ __host__ __device__ __forceinline__ uint32_t ss_o_frag_off(int rg, int ch, int l
 __device__ __forceinline__ void ss_store_final(const SeesawParams& sp, float (&acc)[32][4], RowState& st, uint8_t* smem,
                                                int b, int m0, Role w, const bool (&real)[2]) {
   const Params& p = sp.p;
-  const float* red_sum = reinterpret_cast<const float*>(smem + kOffSum);
   const int g = w.lane >> 2, c = w.lane & 3, rows = p.nodes * p.heads;
   share_row_sums(st, smem, w);
   float inv_l[2];
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const int r = 16 * w.rg + g + 8 * h, row = m0 + r;
-    const float l = st.l[h] + red_sum[(w.ch ^ 1) * kBlockM + r];
+    const float l = row_sum_total(st, smem, w, h, r);
     const bool seen = l > 0.f && real[h];
     inv_l[h] = seen ? 1.f / l : 0.f;
     if (w.ch == 0 && c == 0 && row < rows) p.lse[static_cast<size_t>(b) * rows + row] = seen ? st.m[h] * kLn2 + logf(l) : -INFINITY;

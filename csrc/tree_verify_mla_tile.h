@@ -292,13 +292,16 @@ __device__ __forceinline__ void share_row_sums(RowState& st, uint8_t* smem, Role
   }
   pair_sync(w.rg);
 }
+// After share_row_sums: row r's sum over both column halves.
+__device__ __forceinline__ float row_sum_total(const RowState& st, const uint8_t* smem, Role w, int h, int r) {
+  return st.l[h] + reinterpret_cast<const float*>(smem + kOffSum)[(w.ch ^ 1) * kBlockM + r];
+}
 
 // Finishes the row sums across the lane quad and the warp pair, then writes O and lse of M-tile m0 of request b from
 // registers; partial row of M-tile row r = part_base + r. (The seesaw's final rows leave through ss_store_final.)
 template <int kOut>
 __device__ __forceinline__ void epilogue_rows(const Params& p, float (&acc)[32][4], RowState& st, uint8_t* smem,
                                               int b, int m0, Role w, int64_t part_base) {
-  float* red_sum = reinterpret_cast<float*>(smem + kOffSum);
   const int g = w.lane >> 2, c = w.lane & 3, rows = p.nodes * p.heads, rg = w.rg, ch = w.ch;
   const bool partial = kOut == kOutPartial || (kOut == kOutTail && part_base >= 0);
   share_row_sums(st, smem, w);
@@ -306,7 +309,7 @@ __device__ __forceinline__ void epilogue_rows(const Params& p, float (&acc)[32][
   for (int h = 0; h < 2; ++h) {
     const int r = 16 * rg + g + 8 * h, row = m0 + r;  // row within the request: node * H + head
     if (row >= rows) continue;
-    const float l = st.l[h] + red_sum[(ch ^ 1) * kBlockM + r];
+    const float l = row_sum_total(st, smem, w, h, r);
     const int node = row / p.heads;
     const bool seen = l > 0.f && node_is_real(p.anc + (static_cast<size_t>(b) * p.nodes + node) * p.words, p.words);
     const float inv_l = seen ? 1.f / l : 0.f;
