@@ -267,9 +267,9 @@ namespace {
 // The seesaw path's tensor map of the cache: [batch][cache_len][576] bf16 (innermost first below), boxes of one
 // request's 64 rows x 64 columns with the 128-byte swizzle, i.e. one smem column block. Three dimensions, not
 // batch x cache_len rows, so that a box reaching before row 0 or past row S of its request arrives as zeros instead
-// of a neighbour's rows (the tail tile's box, csrc/tree_verify_mla_seesaw_ops.h). The encoder is the driver's,
-// reached through the runtime, so the extension does not link libcuda.
-// The final O's map is the same over [batch][T H][512] (ss_store_final): rows past T H are outside it.
+// of a neighbour's rows (the tail tile's box, csrc/tree_verify_mla_seesaw_ops.h). The final O's map is the same over
+// [batch][T H][512] (ss_store_final): rows past T H are outside it. The encoder is the driver's, reached through the
+// runtime, so the extension does not link libcuda.
 cudaError_t encode_rows_map(CUtensorMap* map, const __nv_bfloat16* base, int batch, int rows, int cols) {
   static PFN_cuTensorMapEncodeTiled_v12000 encode = nullptr;
   if (encode == nullptr) {
@@ -292,10 +292,12 @@ cudaError_t encode_rows_map(CUtensorMap* map, const __nv_bfloat16* base, int bat
 cudaError_t launch_seesaw(const Params& p, dim3 grid, bool split, cudaStream_t stream) {
   SeesawParams sp{p, {}, {}};
   KDB_CUDA_TRY(encode_rows_map(&sp.kv_map, p.kv, p.batch, p.cache_len, kTvmDimQK));
-  KDB_CUDA_TRY(encode_rows_map(&sp.o_map, p.o_lat, p.batch, p.nodes * p.heads, kTvmDimV));
-  void (*kernel)(SeesawParams) = p.tail_pieces > 0 ? tree_verify_mla_seesaw_kernel<kOutTail>
-                                 : split             ? tree_verify_mla_seesaw_kernel<kOutPartial>
-                                                     : tree_verify_mla_seesaw_kernel<kOutFinal>;
+  const bool tail = p.tail_pieces > 0;
+  if (tail || !split)  // the uniform split's kernel writes partials only: its launch skips the O map
+    KDB_CUDA_TRY(encode_rows_map(&sp.o_map, p.o_lat, p.batch, p.nodes * p.heads, kTvmDimV));
+  void (*kernel)(SeesawParams) = tail    ? tree_verify_mla_seesaw_kernel<kOutTail>
+                                 : split ? tree_verify_mla_seesaw_kernel<kOutPartial>
+                                         : tree_verify_mla_seesaw_kernel<kOutFinal>;
   KDB_CUDA_TRY(allow_dynamic_smem(kernel, kSsSmemBytes));
   kernel<<<grid, kThreads, kSsSmemBytes, stream>>>(sp);
   return cudaSuccess;
