@@ -72,6 +72,54 @@ def test_the_kernels_block_walk_equals_the_float64_reference(rows, routing, bm):
     np.testing.assert_allclose(got, want, rtol=1e-10, atol=1e-12)
 
 
+def _shared_expert(inter, hidden, seed, scale=0.1):
+    """A shared expert (w1 [mi, d], w2 [d, mi], w3 [mi, d]) of fresh seeded float64 values, never zero."""
+    rng = np.random.default_rng(seed)
+    return [rng.standard_normal(sh) * scale for sh in ((inter, hidden), (hidden, inter), (inter, hidden))]
+
+
+@pytest.mark.parametrize("rows,routing", [(1, "uniform"), (7, "same"), (50, "skewed")])
+@pytest.mark.parametrize("bm", [16, 3])
+def test_the_block_walk_with_the_shared_expert_as_expert_e_equals_the_reference(rows, routing, bm):
+    """The shared expert as slot k (expert index E, weight 1) of every token: the routed sum plus its SwiGLU."""
+    case = _case(rows, routing)
+    inputs = FAM.make_inputs(case, seed=2000 + rows)
+    sh = _shared_expert(40, 72, rows)
+    want = FAM.reference(inputs, case)["y"] + ref_moe.swiglu(inputs["x"].astype(np.float64), *sh)
+    x, idx, wts, w1, w2, w3 = FAM._on_device(inputs, "cpu", "float32")
+    got = moe_plan.emulate(x.double(), idx, wts.double(), w1.double(), w2.double(), w3.double(), bm,
+                           shared=tuple(torch.from_numpy(m) for m in sh)).numpy()
+    np.testing.assert_allclose(got, want, rtol=1e-10, atol=1e-12)
+
+
+def test_moe_forward_hands_the_shared_expert_to_an_op_that_fuses_it(monkeypatch):
+    """The wiring of model/moe.py on CPU: an op marked fuses_shared gets the shared expert (here the block walk,
+    float64) and the layer equals the float64 reference layer; an op without the mark gets the routed slots only."""
+    cfg = dataclasses.replace(get_preset("tiny"), hidden=48, moe_intermediate=24, n_routed_experts=12)
+    w = tw.from_numpy(ref.init_weights(cfg, 4), "cpu", torch.float64)
+    x = torch.randn(9, cfg.hidden, generator=torch.Generator().manual_seed(4), dtype=torch.float64)
+    seen = []
+
+    def fused(x, idx, wts, w1, w2, w3, shared=None):
+        seen.append(shared is not None)
+        return moe_plan.emulate(x, idx, wts, w1, w2, w3, 4, shared=shared)
+    fused.fuses_shared = True
+    monkeypatch.setattr(tmoe, "experts_op", lambda *a: fused)
+    want = ref_moe.moe_forward(tw.to_numpy(w), cfg, 1, x.numpy())
+    np.testing.assert_allclose(tmoe.moe_forward(w, cfg, 1, x).numpy(), want, rtol=1e-9, atol=1e-11)
+    del fused.fuses_shared
+    np.testing.assert_allclose(tmoe.moe_forward(w, cfg, 1, x).numpy(), want, rtol=1e-9, atol=1e-11)
+    assert seen == [True, False]
+
+
+def test_with_shared_appends_one_slot_of_weight_one_per_token():
+    idx, wts = torch.tensor([[3, 1], [0, 2]]), torch.tensor([[0.25, 0.5], [0.75, 0.125]])
+    i2, w2 = moe_plan.with_shared(idx, wts, 4)
+    assert i2.tolist() == [[3, 1, 4], [0, 2, 4]] and w2.tolist() == [[0.25, 0.5, 1.0], [0.75, 0.125, 1.0]]
+    plan = moe_plan.block_plan(i2.reshape(-1), 5, 16)
+    assert plan.blk_e.tolist()[:5] == [0, 1, 2, 3, 4], "the shared expert is block-planned like the others"
+
+
 def test_inputs_touch_the_experts_the_routing_says():
     same = FAM.make_inputs(_case(9, "same"), seed=5)
     assert len(same["touched"]) == 5 and (same["idx"] == same["idx"][0]).all()
@@ -156,6 +204,35 @@ def _bf16_check(backend, case, seed, rel_l2=6e-3):
 @pytest.mark.parametrize("seed", [7, 8])
 def test_triton_experts_match_the_float64_reference(rows, routing, hidden, inter, seed):
     _bf16_check("moe_triton", _case(rows, routing, "bfloat16", hidden, inter, experts=64), seed)
+
+
+@pytest.mark.gpu
+@needs_triton
+@pytest.mark.parametrize("rows,routing,hidden,inter", [
+    (1, "uniform", 256, 128), (7, "same", 200, 96), (129, "skewed", 320, 192), (1100, "uniform", 192, 64)])
+def test_triton_experts_with_the_shared_expert_fused_match_float64(rows, routing, hidden, inter):
+    """The shared expert in the expert launches (slot k, expert E): BM 16 / 32 / 64, a K tail (hidden 200)."""
+    case = _case(rows, routing, "bfloat16", hidden, inter, experts=64)
+    inputs = FAM.make_inputs(case, 40 + rows)
+    sh = [torch.from_numpy(m).to("cuda", torch.bfloat16) for m in _shared_expert(inter, hidden, rows, hidden ** -0.5)]
+    x, idx, wts, w1, w2, w3 = FAM._on_device(inputs, "cuda", "bfloat16")
+    y = moe_triton.experts(x, idx, wts, w1, w2, w3, shared=tuple(sh))
+    want = FAM.reference(inputs, case)["y"] + ref_moe.swiglu(x.double().cpu().numpy(),
+                                                            *(m.double().cpu().numpy() for m in sh))
+    got = y.double().cpu().numpy()
+    err = np.linalg.norm(got - want) / np.linalg.norm(want)
+    assert np.isfinite(got).all() and err < 6e-3, (rows, err)
+
+
+@pytest.mark.gpu
+@needs_triton
+def test_triton_experts_refuse_a_shared_expert_of_another_width():
+    x = torch.randn(3, 64, dtype=torch.bfloat16, device="cuda")
+    w = torch.randn(4, 32, 64, dtype=torch.bfloat16, device="cuda")
+    s1 = torch.randn(48, 64, dtype=torch.bfloat16, device="cuda")
+    with pytest.raises(ValueError, match="the shared expert must be one routed expert's shape"):
+        moe_triton.experts(x, torch.zeros(3, 2, dtype=torch.int64, device="cuda"), torch.ones(3, 2, device="cuda"),
+                           w, w.transpose(1, 2).contiguous(), w, shared=(s1, s1.T.contiguous(), s1))
 
 
 @pytest.mark.gpu

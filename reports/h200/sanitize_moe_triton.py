@@ -1,7 +1,7 @@
 """The fused Triton MoE experts (kdbench/model/moe_triton.py) on small odd shapes, for compute-sanitizer
 (memcheck, racecheck): hidden and intermediate not multiples of the 64-wide tiles (the EVEN_K = False masks),
 expert counts with unused experts, rows 1 / 3 / 37 / 129 / 1031 / 4100 (all three BM row-block sizes), k distinct
-random experts per token; each output checked against the torch emulation of the plan
+random experts per token, without and with the shared expert fused (expert E); each output checked against the torch emulation of the plan
 (float64 on the host), so a masked-off tail that went missing fails here too. Prints one line per shape, exits 1 on a mismatch.
 Usage: compute-sanitizer --tool memcheck python3 reports/h200/sanitize_moe_triton.py [MAX_ROWS]
 (MAX_ROWS: skip the larger shapes; racecheck runs the Triton kernels ~10x slower than memcheck)"""
@@ -22,12 +22,15 @@ for e, mi, d, k, rows in ((13, 200, 328, 8, (1, 3, 37)), (7, 64, 128, 2, (129, 1
         x = torch.randn(n, d, generator=g, device=dev).bfloat16()
         idx = torch.stack([torch.randperm(e, generator=g, device=dev)[:k] for _ in range(n)])
         wts = torch.rand(n, k, generator=g, device=dev)
-        got = moe_triton.experts(x, idx, wts, w1, w2, w3).float().cpu()
         cpu = [t.cpu() for t in (x, idx, wts, w1, w2, w3)]                # emulate is a host loop (float64)
-        want = emulate(*cpu, moe_triton.block_rows(n * k)).float()
-        rel = float((got - want).norm() / want.norm())
-        bad += rel > 2e-2
-        print(f"E {e} mi {mi} d {d} k {k} rows {n}: rel L2 vs emulation {rel:.1e}", flush=True)
+        for sh in (None, (w1[0] * 0.5, w2[-1] * 0.5, w3[1] * 0.5)):       # without / with the shared expert fused
+            got = moe_triton.experts(x, idx, wts, w1, w2, w3, shared=sh).float().cpu()
+            want = emulate(*cpu, moe_triton.block_rows(n * (k + (sh is not None))),
+                           shared=None if sh is None else tuple(m.cpu() for m in sh)).float()
+            rel = float((got - want).norm() / want.norm())
+            bad += rel > 2e-2
+            print(f"E {e} mi {mi} d {d} k {k} rows {n} shared {sh is not None}: rel L2 vs emulation {rel:.1e}",
+                  flush=True)
 torch.cuda.synchronize()
 print(f"sanitize_moe_triton: {'all shapes agree' if not bad else f'{bad} shapes differ'}")
 sys.exit(1 if bad else 0)

@@ -1,7 +1,8 @@
 """The MoE layer of kimi-k2-slice-2 (hidden 7168, 384 experts, top-8, expert width 2048, one shared expert) at
 decode and verify sizes: AR batch 1 / 8 / 32 rows and verify batch 8 x T 65 = 520 rows, per dispatch (moe_triton
 ours, moe_flashinfer peer, moe_grouped, moe_loop) and, where capturable, replayed as a CUDA graph.
-Times the whole layer (route + routed experts + shared expert) and the routed experts alone; floor = bytes of the
+Times the whole layer (route + routed experts + shared expert; for the Triton experts also with the shared expert
+apart, the A/B of its fusion) and the routed experts alone; floor = bytes of the
 touched experts (+ shared expert and gate for the layer) / measured copy bandwidth. Every output is checked
 against a float64 evaluation on the device of the same idx / weights (relative L2), before and after timing.
 Usage (GPU machine, repo root): python3 reports/h200/time_moe.py OUT_DIR [--quick]; a CPU dry run of the code
@@ -47,6 +48,14 @@ def experts64(x, idx, wts, w1, w2, w3) -> torch.Tensor:
         a, u = xd[rows] @ w1[e].double().T, xd[rows] @ w3[e].double().T
         y.index_add_(0, rows, wts[rows, slots, None].double() * ((a * torch.sigmoid(a) * u) @ w2[e].double().T))
     return y
+
+
+def layer_shared_apart(w, cfg, layer, x, op, ex) -> torch.Tensor:
+    """The layer with the shared expert in GEMMs of its own after the routed experts (how moe_forward ran it
+    before the Triton launches took it in, plans/0015): the same-process A/B of that fusion."""
+    p = f"layers.{layer}."
+    idx, wts = tmoe.route(x, w[p + "gate"], w[p + "gate_bias"], cfg)
+    return op(x, idx, wts, *ex) + tmoe.swiglu(x, *(w[p + f"shared.{m}"] for m in ("w1", "w2", "w3")))
 
 
 def rel_l2(got, want) -> float:
@@ -99,10 +108,13 @@ def main(out_dir: str, quick: bool, dev: str, preset: str) -> None:
             op = tmoe.experts_op(d, x, ex[0])
             calls = {"experts": (lambda: op(x, idx, wts, *ex), want_e),
                      "layer": (lambda: tmoe.moe_forward(w, cfg, layer, x, d), want_l)}
+            if getattr(op, "fuses_shared", False):
+                calls["layer_shared_apart"] = (lambda: layer_shared_apart(w, cfg, layer, x, op, ex), want_l)
             for scope, (fn, want) in calls.items():
+                floor = floors[scope.split("_")[0]]
                 for mode in ("eager", "graph") if d in GRAPHABLE else ("eager",):
                     rec = {"case": name, "rows": n, "dispatch": d, "scope": scope, "mode": mode,
-                           "experts_touched": touched, "bytes": floors[scope] * bw, "floor_s": floors[scope]}
+                           "experts_touched": touched, "bytes": floor * bw, "floor_s": floor}
                     try:
                         call = graphed(fn, dev) if mode == "graph" else fn
                         before = rel_l2(call(), want)
@@ -116,10 +128,10 @@ def main(out_dir: str, quick: bool, dev: str, preset: str) -> None:
                     passed = before < REL_L2 and after < REL_L2
                     rec.update(status="pass" if passed else "fail", rel_l2_before=before, rel_l2_after=after,
                                median_s=t.median_s, p20_s=t.p20_s, p80_s=t.p80_s, samples_s=t.samples_s,
-                               pct_of_floor=100 * floors[scope] / t.median_s)
+                               pct_of_floor=100 * floor / t.median_s)
                     recs.append(rec)
                     say(f"{name} rows {n} {d:10s} {scope:7s} {mode:5s}: {t.median_s * 1e3:7.3f} ms "
-                        f"[{t.p20_s * 1e3:.3f}, {t.p80_s * 1e3:.3f}] floor {floors[scope] * 1e3:.3f} ms = "
+                        f"[{t.p20_s * 1e3:.3f}, {t.p80_s * 1e3:.3f}] floor {floor * 1e3:.3f} ms = "
                         f"{rec['pct_of_floor']:5.1f} %; {touched} experts, {rec['bytes'] / 1e9:.2f} GB; "
                         f"rel_l2 {before:.1e}/{after:.1e} {rec['status']}")
         del want_e, want_l

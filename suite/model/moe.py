@@ -144,12 +144,12 @@ def moe_forward(w: dict, cfg: ModelConfig, layer: int, x: torch.Tensor, dispatch
     if route_log is not None:
         route_log.append((layer, idx))
     experts = (w[p + "experts.w1"], w[p + "experts.w2"], w[p + "experts.w3"])  # [E,mi,d], [E,d,mi], [E,mi,d]
+    shared = (w[p + "shared.w1"], w[p + "shared.w2"], w[p + "shared.w3"]) if cfg.n_shared_experts > 0 else None
     if invariant_mode:
         y = invariant.experts(x, idx, weights, *experts)
-        if cfg.n_shared_experts > 0:
-            y = y + invariant.swiglu(x, w[p + "shared.w1"], w[p + "shared.w2"], w[p + "shared.w3"])
-        return y
-    y = experts_op(dispatch, x, experts[0])(x, idx, weights, *experts)
-    if cfg.n_shared_experts > 0:
-        y = y + swiglu(x, w[p + "shared.w1"], w[p + "shared.w2"], w[p + "shared.w3"])
-    return y
+        return y if shared is None else y + invariant.swiglu(x, *shared)
+    op = experts_op(dispatch, x, experts[0])
+    if shared is not None and getattr(op, "fuses_shared", False) and shared[0].shape == experts[0].shape[1:]:
+        return op(x, idx, weights, *experts, shared=shared)   # one expert wide: runs in the experts' launches
+    y = op(x, idx, weights, *experts)
+    return y if shared is None else y + swiglu(x, *shared)

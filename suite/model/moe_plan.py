@@ -1,6 +1,8 @@
 """Device-side dispatch plan of the routed experts (no host sync, so it can sit in a CUDA graph): (token, k)
 slots sorted by expert, each expert's segment cut into row blocks of bm slots. The Triton kernels of
 moe_triton.py and invariant_triton.py walk this table; emulate() walks it in torch for CPU tests.
+with_shared() turns the shared expert into one more slot per token (expert index E, weight 1), so the same
+launches run it beside the routed experts (plans/0015, "The shared expert in the expert launches").
 """
 from __future__ import annotations
 
@@ -41,21 +43,35 @@ def block_plan(flat: torch.Tensor, n_experts: int, bm: int) -> BlockPlan:
     return BlockPlan(order, blk_e, r0.to(torch.int32), seg_end[ec].to(torch.int32))
 
 
-def emulate(x: torch.Tensor, idx: torch.Tensor, weights: torch.Tensor, w1, w2, w3, bm: int) -> torch.Tensor:
+def with_shared(idx: torch.Tensor, weights: torch.Tensor, n_experts: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """idx / weights [N, k] -> [N, k + 1]: slot k of every token is the shared expert (index n_experts, weight 1),
+    last, so the fixed-order sum over slots adds it after the routed ones (as references/moe.py does)."""
+    n = idx.shape[0]
+    sh = torch.full((n, 1), n_experts, dtype=idx.dtype, device=idx.device)
+    return torch.cat([idx, sh], 1), torch.cat([weights, torch.ones_like(weights[:, :1])], 1)
+
+
+def emulate(x: torch.Tensor, idx: torch.Tensor, weights: torch.Tensor, w1, w2, w3, bm: int,
+            shared: tuple | None = None) -> torch.Tensor:
     """What the Triton kernels compute, block by block from the plan, in torch (host loop; CPU tests and
     float64 checks of the plan): up/gate GEMM + SwiGLU per block, down GEMM times the slot's routing weight
-    stored at the slot's own position, then the sum over k in fixed order. x [N, d], idx/weights [N, k]."""
+    stored at the slot's own position, then the sum over k in fixed order. x [N, d], idx/weights [N, k];
+    shared: the shared expert's (w1 [mi, d], w2 [d, mi], w3 [mi, d]), run as expert E (with_shared)."""
+    E = w1.shape[0]
+    if shared is not None:
+        idx, weights = with_shared(idx, weights, E)
     N, k = idx.shape
-    plan = block_plan(idx.reshape(-1), w1.shape[0], bm)
+    plan = block_plan(idx.reshape(-1), E + (shared is not None), bm)
     token = plan.order // k
     out = torch.full((N * k, x.shape[1]), float("nan"), dtype=torch.float64)   # NaN: a slot no block wrote
     for e, r0, r1 in zip(plan.blk_e.tolist(), plan.blk_r0.tolist(), plan.blk_r1.tolist()):
         if e < 0:
             continue
+        m1, m2, m3 = shared if e == E else (w1[e], w2[e], w3[e])
         pos = torch.arange(r0, min(r0 + bm, r1))
         xs = x[token[pos]].double()
-        g, u = xs @ w1[e].double().T, xs @ w3[e].double().T
+        g, u = xs @ m1.double().T, xs @ m3.double().T
         h = g * torch.sigmoid(g) * u
         slot = plan.order[pos]
-        out[slot] = (h @ w2[e].double().T) * weights.reshape(-1)[slot, None].double()
+        out[slot] = (h @ m2.double().T) * weights.reshape(-1)[slot, None].double()
     return out.view(N, k, -1).sum(1)

@@ -1,12 +1,13 @@
 """Fused routed experts in Triton for decode / verify sizes: the gate and up GEMMs with SwiGLU in their
 epilogue, then the down GEMM with the routing weight, each over the expert-sorted row blocks of moe_plan.
 Each program reads one weight tile once for its block's rows. No host sync: capturable in a CUDA graph.
+The shared expert can ride along as expert E (one more slot per token), so a layer is one pair of launches.
 """
 from __future__ import annotations
 
 import torch
 
-from .moe_plan import block_plan
+from .moe_plan import block_plan, with_shared
 from .triton_base import AVAILABLE, IMPORT_ERROR, plan_block, tl, triton  # noqa: F401 (re-exported)
 from .triton_base import jit as _jit
 
@@ -18,9 +19,10 @@ DOWN_CFG = (64, 64, 4, 4)   # BN (hidden cols), BK (intermediate), warps, stages
 
 
 @_jit()
-def _up_kernel(X, TOKEN, W1, W3, H, BLK_E, BLK_R0, BLK_R1, N, K, sxm, swe, swn, shm,
+def _up_kernel(X, TOKEN, W1, W3, SW1, SW3, NE, H, BLK_E, BLK_R0, BLK_R1, N, K, sxm, swe, swn, shm,
                BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, EVEN_K: tl.constexpr):
-    """H[p, n] = silu(x W1[e]^T) * (x W3[e]^T) for the sorted positions p of block pid_m, x = X[TOKEN[p]]."""
+    """H[p, n] = silu(x W1[e]^T) * (x W3[e]^T) for the sorted positions p of block pid_m, x = X[TOKEN[p]];
+    expert NE is the shared expert (SW1 / SW3, same strides as one routed expert)."""
     pid_n = tl.program_id(1)
     e, rs, rmask = plan_block(BLK_E, BLK_R0, BLK_R1, BM)
     if e < 0:
@@ -29,33 +31,38 @@ def _up_kernel(X, TOKEN, W1, W3, H, BLK_E, BLK_R0, BLK_R1, N, K, sxm, swe, swn, 
     rn = (pid_n * BN + tl.arange(0, BN)).to(tl.int64)
     rk = tl.arange(0, BK)
     xp = X + src[:, None] * sxm + rk[None, :]
-    wo = e.to(tl.int64) * swe + rk[:, None] + rn[None, :] * swn       # [BK, BN], k contiguous
+    wo = rk[:, None] + rn[None, :] * swn                                # [BK, BN], k contiguous
+    if e == NE:
+        p1, p3 = SW1 + wo, SW3 + wo
+    else:
+        p1, p3 = W1 + e.to(tl.int64) * swe + wo, W3 + e.to(tl.int64) * swe + wo
     nmask = rn[None, :] < N
     g = tl.zeros([BM, BN], dtype=tl.float32)
     u = tl.zeros([BM, BN], dtype=tl.float32)
     for k0 in range(0, K, BK):
         if EVEN_K:
             a = tl.load(xp, mask=rmask[:, None], other=0.0)
-            b1 = tl.load(W1 + wo, mask=nmask, other=0.0)
-            b3 = tl.load(W3 + wo, mask=nmask, other=0.0)
+            b1 = tl.load(p1, mask=nmask, other=0.0)
+            b3 = tl.load(p3, mask=nmask, other=0.0)
         else:
             kin = rk + k0 < K
             a = tl.load(xp, mask=rmask[:, None] & kin[None, :], other=0.0)
-            b1 = tl.load(W1 + wo, mask=kin[:, None] & nmask, other=0.0)
-            b3 = tl.load(W3 + wo, mask=kin[:, None] & nmask, other=0.0)
+            b1 = tl.load(p1, mask=kin[:, None] & nmask, other=0.0)
+            b3 = tl.load(p3, mask=kin[:, None] & nmask, other=0.0)
         g = tl.dot(a, b1, g)
         u = tl.dot(a, b3, u)
         xp += BK
-        wo += BK
+        p1 += BK
+        p3 += BK
     h = g * tl.sigmoid(g) * u                                            # SwiGLU on the fp32 accumulators
     tl.store(H + rs.to(tl.int64)[:, None] * shm + rn[None, :], h.to(H.dtype.element_ty), mask=rmask[:, None] & nmask)
 
 
 @_jit()
-def _down_kernel(H, ORDER, WT, W2, OUT, BLK_E, BLK_R0, BLK_R1, N, K, shm, swe, swn, som,
+def _down_kernel(H, ORDER, WT, W2, SW2, NE, OUT, BLK_E, BLK_R0, BLK_R1, N, K, shm, swe, swn, som,
                  BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, EVEN_K: tl.constexpr):
     """OUT[slot, n] = WT[slot] * (H[p] W2[e]^T)[n] for the sorted positions p of block pid_m, slot = ORDER[p]:
-    the scatter back to slot order is this store (fp32), the sum over k is one pass after."""
+    the scatter back to slot order is this store (fp32), the sum over k is one pass after. Expert NE: SW2."""
     pid_n = tl.program_id(1)
     e, rs, rmask = plan_block(BLK_E, BLK_R0, BLK_R1, BM)
     if e < 0:
@@ -63,20 +70,24 @@ def _down_kernel(H, ORDER, WT, W2, OUT, BLK_E, BLK_R0, BLK_R1, N, K, shm, swe, s
     rn = (pid_n * BN + tl.arange(0, BN)).to(tl.int64)
     rk = tl.arange(0, BK)
     hp = H + rs.to(tl.int64)[:, None] * shm + rk[None, :]
-    wo = e.to(tl.int64) * swe + rk[:, None] + rn[None, :] * swn
+    wo = rk[:, None] + rn[None, :] * swn
+    if e == NE:
+        p2 = SW2 + wo
+    else:
+        p2 = W2 + e.to(tl.int64) * swe + wo
     nmask = rn[None, :] < N
     acc = tl.zeros([BM, BN], dtype=tl.float32)
     for k0 in range(0, K, BK):
         if EVEN_K:
             a = tl.load(hp, mask=rmask[:, None], other=0.0)
-            b = tl.load(W2 + wo, mask=nmask, other=0.0)
+            b = tl.load(p2, mask=nmask, other=0.0)
         else:
             kin = rk + k0 < K
             a = tl.load(hp, mask=rmask[:, None] & kin[None, :], other=0.0)
-            b = tl.load(W2 + wo, mask=kin[:, None] & nmask, other=0.0)
+            b = tl.load(p2, mask=kin[:, None] & nmask, other=0.0)
         acc = tl.dot(a, b, acc)
         hp += BK
-        wo += BK
+        p2 += BK
     slot = tl.load(ORDER + rs, mask=rmask, other=0)
     wt = tl.load(WT + slot, mask=rmask, other=0.0)
     tl.store(OUT + slot[:, None] * som + rn[None, :], acc * wt[:, None], mask=rmask[:, None] & nmask)
@@ -87,34 +98,47 @@ def block_rows(slots: int) -> int:
     return next(bm for limit, bm in BM_BY_SLOTS if slots <= limit)
 
 
-def _check(x, w1, w2, w3) -> None:
+def _check(x, w1, w2, w3, shared) -> None:
     if x.dtype not in (torch.bfloat16, torch.float16) or not all(w.dtype == x.dtype for w in (w1, w2, w3)):
         raise ValueError(f"triton experts: need bf16/fp16 activations and weights, got {x.dtype}, {w1.dtype}")
     if not all(w.is_contiguous() for w in (w1, w2, w3)):
         raise ValueError("triton experts: expert weights must be contiguous [E, mi, d] / [E, d, mi]")
+    if shared is not None and not all(s.shape == w.shape[1:] and s.dtype == w.dtype and s.is_contiguous()
+                                      for s, w in zip(shared, (w1, w2, w3))):
+        raise ValueError("triton experts: the shared expert must be one routed expert's shape, dtype and layout, "
+                         f"got {[tuple(s.shape) for s in shared]} for experts {tuple(w1.shape)}")
 
 
-def experts(x: torch.Tensor, idx: torch.Tensor, weights: torch.Tensor, w1, w2, w3) -> torch.Tensor:
+def experts(x: torch.Tensor, idx: torch.Tensor, weights: torch.Tensor, w1, w2, w3,
+            shared: tuple | None = None) -> torch.Tensor:
     """sum_j weights[:, j] * W2 (silu(W1 x) * W3 x) with expert idx[:, j]: x [N, d], idx / weights [N, k],
-    w1 / w3 [E, mi, d], w2 [E, d, mi] -> [N, d] in x's dtype (fp32 accumulation, one rounding at the end)."""
-    _check(x, w1, w2, w3)
-    N, k = idx.shape
+    w1 / w3 [E, mi, d], w2 [E, d, mi] -> [N, d] in x's dtype (fp32 accumulation, one rounding at the end).
+    shared: the shared expert's (w1 [mi, d], w2 [d, mi], w3 [mi, d]), added in the same launches as slot k
+    (moe_plan.with_shared) instead of three GEMMs of its own."""
+    _check(x, w1, w2, w3, shared)
     E, mi, d = w1.shape
+    if shared is not None:
+        idx, weights = with_shared(idx, weights, E)
+    sw1, sw2, sw3 = shared if shared is not None else (w1, w2, w3)   # no block has expert E without it
+    N, k = idx.shape
     if N == 0:
         return torch.zeros_like(x)
     x = x.contiguous()
     S, bm = N * k, block_rows(N * k)
-    plan = block_plan(idx.reshape(-1), E, bm)
+    plan = block_plan(idx.reshape(-1), E + (shared is not None), bm)
     token = (plan.order // k).to(torch.int32)
     h = torch.empty(S, mi, dtype=x.dtype, device=x.device)              # sorted order
     bn, bk, warps, stages = UP_CFG
     _up_kernel[(plan.blk_e.shape[0], triton.cdiv(mi, bn))](
-        x, token, w1, w3, h, plan.blk_e, plan.blk_r0, plan.blk_r1, mi, d, x.stride(0), w1.stride(0),
+        x, token, w1, w3, sw1, sw3, E, h, plan.blk_e, plan.blk_r0, plan.blk_r1, mi, d, x.stride(0), w1.stride(0),
         w1.stride(1), h.stride(0), BM=bm, BN=bn, BK=bk, EVEN_K=d % bk == 0, num_warps=warps, num_stages=stages)
     out = torch.empty(S, d, dtype=torch.float32, device=x.device)       # slot order
     bn, bk, warps, stages = DOWN_CFG
     _down_kernel[(plan.blk_e.shape[0], triton.cdiv(d, bn))](
-        h, plan.order, weights.reshape(-1).float().contiguous(), w2, out, plan.blk_e, plan.blk_r0, plan.blk_r1,
-        d, mi, h.stride(0), w2.stride(0), w2.stride(1), out.stride(0), BM=bm, BN=bn, BK=bk, EVEN_K=mi % bk == 0,
-        num_warps=warps, num_stages=stages)
+        h, plan.order, weights.reshape(-1).float().contiguous(), w2, sw2, E, out, plan.blk_e, plan.blk_r0,
+        plan.blk_r1, d, mi, h.stride(0), w2.stride(0), w2.stride(1), out.stride(0), BM=bm, BN=bn, BK=bk,
+        EVEN_K=mi % bk == 0, num_warps=warps, num_stages=stages)
     return out.view(N, k, d).sum(1).to(x.dtype)
+
+
+experts.fuses_shared = True   # model/moe.py passes the shared expert in rather than adding it after
