@@ -46,6 +46,7 @@ def main(out: str) -> None:
     w, p = time_moe.layer_weights(cfg, layer, 15, "cuda", torch.bfloat16), f"layers.{layer}."
     ex = tuple(w[p + f"experts.{m}"] for m in ("w1", "w2", "w3"))
     sh = tuple(w[p + f"shared.{m}"] for m in ("w1", "w2", "w3"))
+    shipped = moe_triton.CFG_BY_SLOTS
     op, res = tmoe.experts_op("triton", torch.empty(1, device="cuda", dtype=torch.bfloat16), ex[0]), {"rows": []}
     x1 = torch.randn(1, cfg.hidden, device="cuda").bfloat16()
     res["profile_b1"] = profile_b1(w, cfg, layer, x1)
@@ -57,7 +58,9 @@ def main(out: str) -> None:
         want = time_moe.experts64(x, idx, wts, *ex) + tmoe.swiglu(x.double(), *(m.double() for m in sh))
         for ubn in WIDTHS:
             for dbn in WIDTHS:
-                moe_triton.UP_CFG, moe_triton.DOWN_CFG = (ubn, 64, 4, 4), (dbn, 64, 4, 4)
+                slots = n * cfg.n_experts_per_tok                        # the shipped BM (fused and apart agree)
+                bm = next(b for limit, b, *_ in shipped if slots <= limit)
+                moe_triton.CFG_BY_SLOTS = ((1 << 62, bm, ubn, dbn),)
                 for form, fn in (("fused", lambda: tmoe.moe_forward(w, cfg, layer, x, "triton")),
                                  ("apart", lambda: time_moe.layer_shared_apart(w, cfg, layer, x, op, ex))):
                     call = time_moe.graphed(fn, "cuda")
@@ -71,6 +74,7 @@ def main(out: str) -> None:
                     print(f"rows {n:4d} up BN {ubn:3d} down BN {dbn:3d} {form}: {t.median_s * 1e3:.4f} ms "
                           f"[{t.p20_s * 1e3:.4f}, {t.p80_s * 1e3:.4f}] rel_l2 {before:.1e}/{after:.1e} "
                           f"{'pass' if ok else 'FAIL'}", flush=True)
+    moe_triton.CFG_BY_SLOTS = shipped
     with open(f"{out}/moe_cfg_probe.json", "w") as fh:
         json.dump(res, fh, indent=1)
 

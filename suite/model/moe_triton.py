@@ -11,11 +11,14 @@ from .moe_plan import block_plan, with_shared
 from .triton_base import AVAILABLE, IMPORT_ERROR, plan_block, tl, triton  # noqa: F401 (re-exported)
 from .triton_base import jit as _jit
 
-# (slots S up to, BM rows per block): decode rows are few per expert, so small row blocks waste the least
-# MMA work; every block re-reads its expert's weights, so bigger S (more rows per expert) wants bigger blocks.
-BM_BY_SLOTS = ((1024, 16), (8192, 32), (1 << 62, 64))
-UP_CFG = (64, 64, 4, 4)     # BN (intermediate cols), BK (hidden), warps, stages
-DOWN_CFG = (64, 64, 4, 4)   # BN (hidden cols), BK (intermediate), warps, stages
+# (slots S up to, BM rows per block, up BN, down BN): decode rows are few per expert, so small row blocks waste
+# the least MMA work; every block re-reads its expert's weights, so bigger S (more rows per expert) wants bigger
+# blocks. BN = columns per program (intermediate for up, hidden for down): at S <= 1024 narrow 32-column programs
+# spread the few experts' weights over more SMs; at verify sizes the down kernel's 128 columns halve the H re-reads.
+# The BN choices were measured (plans/0015, 2026-12-02 s10 call B, kimi-k2-slice-2 layer at rows 1 / 8 / 520); the
+# row above 8192 slots was not, and keeps the first configuration's 64 / 64.
+CFG_BY_SLOTS = ((1024, 16, 32, 32), (8192, 32, 64, 128), (1 << 62, 64, 64, 64))
+BK, WARPS, STAGES = 64, 4, 4   # K step (hidden for up, intermediate for down), warps and pipeline stages per program
 
 
 @_jit()
@@ -93,9 +96,14 @@ def _down_kernel(H, ORDER, WT, W2, SW2, NE, OUT, BLK_E, BLK_R0, BLK_R1, N, K, sh
     tl.store(OUT + slot[:, None] * som + rn[None, :], acc * wt[:, None], mask=rmask[:, None] & nmask)
 
 
+def launch_cfg(slots: int) -> tuple[int, int, int]:
+    """(BM, up BN, down BN) for a launch of `slots` (token, k) slots: a function of the shape only (graph capture)."""
+    return next(cfg for limit, *cfg in CFG_BY_SLOTS if slots <= limit)
+
+
 def block_rows(slots: int) -> int:
-    """BM for a launch of `slots` (token, k) slots: a function of the shape only (graph capture)."""
-    return next(bm for limit, bm in BM_BY_SLOTS if slots <= limit)
+    """BM for a launch of `slots` (token, k) slots (moe_plan.emulate's walk must use the kernels' blocks)."""
+    return launch_cfg(slots)[0]
 
 
 def _check(x, w1, w2, w3, shared) -> None:
@@ -124,20 +132,19 @@ def experts(x: torch.Tensor, idx: torch.Tensor, weights: torch.Tensor, w1, w2, w
     if N == 0:
         return torch.zeros_like(x)
     x = x.contiguous()
-    S, bm = N * k, block_rows(N * k)
+    S = N * k
+    bm, up_bn, down_bn = launch_cfg(S)
     plan = block_plan(idx.reshape(-1), E + (shared is not None), bm)
     token = (plan.order // k).to(torch.int32)
     h = torch.empty(S, mi, dtype=x.dtype, device=x.device)              # sorted order
-    bn, bk, warps, stages = UP_CFG
-    _up_kernel[(plan.blk_e.shape[0], triton.cdiv(mi, bn))](
+    _up_kernel[(plan.blk_e.shape[0], triton.cdiv(mi, up_bn))](
         x, token, w1, w3, sw1, sw3, E, h, plan.blk_e, plan.blk_r0, plan.blk_r1, mi, d, x.stride(0), w1.stride(0),
-        w1.stride(1), h.stride(0), BM=bm, BN=bn, BK=bk, EVEN_K=d % bk == 0, num_warps=warps, num_stages=stages)
+        w1.stride(1), h.stride(0), BM=bm, BN=up_bn, BK=BK, EVEN_K=d % BK == 0, num_warps=WARPS, num_stages=STAGES)
     out = torch.empty(S, d, dtype=torch.float32, device=x.device)       # slot order
-    bn, bk, warps, stages = DOWN_CFG
-    _down_kernel[(plan.blk_e.shape[0], triton.cdiv(d, bn))](
+    _down_kernel[(plan.blk_e.shape[0], triton.cdiv(d, down_bn))](
         h, plan.order, weights.reshape(-1).float().contiguous(), w2, sw2, E, out, plan.blk_e, plan.blk_r0,
-        plan.blk_r1, d, mi, h.stride(0), w2.stride(0), w2.stride(1), out.stride(0), BM=bm, BN=bn, BK=bk,
-        EVEN_K=mi % bk == 0, num_warps=warps, num_stages=stages)
+        plan.blk_r1, d, mi, h.stride(0), w2.stride(0), w2.stride(1), out.stride(0), BM=bm, BN=down_bn, BK=BK,
+        EVEN_K=mi % BK == 0, num_warps=WARPS, num_stages=STAGES)
     return out.view(N, k, d).sum(1).to(x.dtype)
 
 
