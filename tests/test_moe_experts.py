@@ -283,8 +283,29 @@ def test_triton_experts_replay_in_a_cuda_graph_on_new_routing():
 
 @pytest.mark.gpu
 @needs_triton
-def test_routing_ties_through_the_triton_dispatch_match_the_reference_layer():
+@pytest.mark.parametrize("experts,k,rows,norm", [(384, 8, 1, True), (384, 8, 520, True), (13, 5, 7, True),
+                                                 (64, 1, 33, False)])
+def test_triton_route_select_picks_the_torch_paths_experts_through_exact_ties(experts, k, rows, norm):
+    cfg = dataclasses.replace(get_preset("tiny"), n_routed_experts=experts, n_experts_per_tok=k, n_group=1,
+                              topk_group=1, norm_topk_prob=norm)
+    g = torch.Generator().manual_seed(rows)
+    x, wg = torch.randn(rows, 64, generator=g), torch.randn(experts, 64, generator=g)
+    bias = torch.randn(experts, generator=g) * 0.1
+    wg[3], bias[3] = wg[1], bias[1]                       # experts 1 and 3 tie exactly on every row
+    x, wg, bias = x.cuda(), wg.cuda(), bias.cuda()
+    want_idx, want_w = tmoe.route(x, wg, bias, cfg)
+    got_idx, got_w = tmoe.route(x, wg, bias, cfg, triton_select=True)
+    assert torch.equal(got_idx, want_idx)
+    torch.testing.assert_close(got_w, want_w, rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.gpu
+@needs_triton
+@pytest.mark.parametrize("n_group", [None, 1])   # the preset's groups (the torch selection), one group (Triton's)
+def test_routing_ties_through_the_triton_dispatch_match_the_reference_layer(n_group):
     cfg = dataclasses.replace(get_preset("tiny"), hidden=128, moe_intermediate=64, n_routed_experts=16)
+    if n_group is not None:
+        cfg = dataclasses.replace(cfg, n_group=n_group, topk_group=1)
     wn = ref.init_weights(cfg, 6)
     wn["layers.1.gate"][5] = wn["layers.1.gate"][4]       # identical experts: exact score ties
     wn["layers.1.gate_bias"][5] = wn["layers.1.gate_bias"][4]

@@ -54,7 +54,7 @@ def layer_shared_apart(w, cfg, layer, x, op, ex) -> torch.Tensor:
     """The layer with the shared expert in GEMMs of its own after the routed experts (how moe_forward ran it
     before the Triton launches took it in, plans/0015): the same-process A/B of that fusion."""
     p = f"layers.{layer}."
-    idx, wts = tmoe.route(x, w[p + "gate"], w[p + "gate_bias"], cfg)
+    idx, wts = tmoe.route(x, w[p + "gate"], w[p + "gate_bias"], cfg, triton_select=True)   # as moe_forward's
     return op(x, idx, wts, *ex) + tmoe.swiglu(x, *(w[p + f"shared.{m}"] for m in ("w1", "w2", "w3")))
 
 

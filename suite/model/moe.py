@@ -32,16 +32,20 @@ def _stable_topk(scores: torch.Tensor, k: int) -> torch.Tensor:
     return torch.sort(scores, dim=-1, descending=True, stable=True).indices[:, :k]
 
 
-def route(x: torch.Tensor, w_gate: torch.Tensor, bias: torch.Tensor, cfg: ModelConfig, invariant_mode: bool = False
-          ) -> tuple[torch.Tensor, torch.Tensor]:
+def route(x: torch.Tensor, w_gate: torch.Tensor, bias: torch.Tensor, cfg: ModelConfig, invariant_mode: bool = False,
+          triton_select: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """x [N, d] -> (idx [N, k] int64 in selection order, weights [N, k] float32, float64 for float64 x).
 
     Selection on sigmoid + bias, group-limited (group score = sum of its top-2 biased scores, other groups
     -inf); weights are the unbiased scores, normalized if norm_topk_prob, times routed_scaling.
     invariant_mode: batch-invariant gate GEMM and a left-to-right sum over the top-k (sorts and elementwise
-    ops are row-independent already).
+    ops are row-independent already). triton_select: for one group, everything after the sigmoid in one Triton
+    launch (moe_triton.route_select: the same experts, weights summed left to right), as the Triton dispatch runs.
     """
     s = invariant.sigmoid(invariant.gate_logits(x, w_gate)) if invariant_mode else torch.sigmoid(gate_logits(x, w_gate))
+    if triton_select and cfg.n_group == 1 and not invariant_mode:
+        from . import moe_triton   # noqa: PLC0415  (imports triton; only the Triton dispatch asks)
+        return moe_triton.route_select(s, bias, cfg.n_experts_per_tok, cfg.norm_topk_prob, cfg.routed_scaling)
     biased = s + bias.to(s.dtype)
     if cfg.n_group > 1:
         n, e = biased.shape
@@ -140,15 +144,16 @@ def moe_forward(w: dict, cfg: ModelConfig, layer: int, x: torch.Tensor, dispatch
     if dispatch not in DISPATCH_MODES:
         raise ValueError(f"dispatch must be one of {DISPATCH_MODES}, got {dispatch!r}")
     p = f"layers.{layer}."
-    idx, weights = route(x, w[p + "gate"], w[p + "gate_bias"], cfg, invariant_mode)
-    if route_log is not None:
-        route_log.append((layer, idx))
     experts = (w[p + "experts.w1"], w[p + "experts.w2"], w[p + "experts.w3"])  # [E,mi,d], [E,d,mi], [E,mi,d]
     shared = (w[p + "shared.w1"], w[p + "shared.w2"], w[p + "shared.w3"]) if cfg.n_shared_experts > 0 else None
+    op = None if invariant_mode else experts_op(dispatch, x, experts[0])     # an unavailable dispatch says why first
+    idx, weights = route(x, w[p + "gate"], w[p + "gate_bias"], cfg, invariant_mode,
+                         triton_select=dispatch == "triton")
+    if route_log is not None:
+        route_log.append((layer, idx))
     if invariant_mode:
         y = invariant.experts(x, idx, weights, *experts)
         return y if shared is None else y + invariant.swiglu(x, *shared)
-    op = experts_op(dispatch, x, experts[0])
     if shared is not None and getattr(op, "fuses_shared", False) and shared[0].shape == experts[0].shape[1:]:
         return op(x, idx, weights, *experts, shared=shared)   # one expert wide: runs in the experts' launches
     y = op(x, idx, weights, *experts)

@@ -149,3 +149,48 @@ def experts(x: torch.Tensor, idx: torch.Tensor, weights: torch.Tensor, w1, w2, w
 
 
 experts.fuses_shared = True   # model/moe.py passes the shared expert in rather than adding it after
+
+
+@_jit()
+def _route_kernel(S, BIAS, IDX, WT, E, scale, K: tl.constexpr, KP2: tl.constexpr, EP2: tl.constexpr,
+                  NORM: tl.constexpr):
+    """Row pid of moe.route after the sigmoid (n_group 1): the K largest of S + BIAS, largest first, ties to the
+    lower expert index (= the stable descending sort), their unbiased scores, normalized, times scale. The picks
+    stay in registers (slot j of a KP2-wide vector) and are stored once."""
+    r = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, EP2)
+    live = cols < E
+    s = tl.load(S + r * E + cols, mask=live, other=0.0)
+    b = s + tl.load(BIAS + cols, mask=live, other=0.0)
+    ks = tl.arange(0, KP2)
+    picks = tl.zeros([KP2], dtype=tl.int64)
+    wts = tl.zeros([KP2], dtype=tl.float32)
+    total = 0.0
+    for j in tl.static_range(K):
+        best = tl.max(tl.where(live, b, float("-inf")), 0)
+        pick = tl.min(tl.where(live & (b == best), cols, EP2), 0)   # the lowest index among the largest
+        w = tl.sum(tl.where(cols == pick, s, 0.0), 0)
+        picks = tl.where(ks == j, pick.to(tl.int64), picks)
+        wts = tl.where(ks == j, w, wts)
+        total += w
+        live = live & (cols != pick)
+    if NORM:
+        wts = wts / total
+    tl.store(IDX + r * K + ks, picks, mask=ks < K)
+    tl.store(WT + r * K + ks, wts * scale, mask=ks < K)
+
+
+def route_select(s: torch.Tensor, bias: torch.Tensor, k: int, norm: bool, scale: float):
+    """moe.route's selection for one group (n_group 1) in one launch: s [N, E] float32 sigmoid scores, bias [E]
+    -> (idx [N, k] int64, weights [N, k] float32). Same experts as the torch path (exact float32 add and compares,
+    ties to the lower index); the weights' sum runs left to right over the k picks (torch's order may differ by
+    an ulp). Replaces the add, the stable sort (21 us at one row on the H200) and four small kernels."""
+    n, e = s.shape
+    s = s.float().contiguous()
+    idx = torch.empty(n, k, dtype=torch.int64, device=s.device)
+    wt = torch.empty(n, k, dtype=torch.float32, device=s.device)
+    if n:
+        _route_kernel[(n,)](s, bias.float().contiguous(), idx, wt, e, float(scale), K=k,
+                            KP2=triton.next_power_of_2(k), EP2=triton.next_power_of_2(e), NORM=bool(norm),
+                            num_warps=4)
+    return idx, wt
