@@ -283,6 +283,27 @@ def test_triton_experts_replay_in_a_cuda_graph_on_new_routing():
 
 @pytest.mark.gpu
 @needs_triton
+@pytest.mark.parametrize("seed", range(8))
+def test_the_one_launch_plan_equals_the_torch_plan_bit_for_bit(seed):
+    """moe_plan_triton.block_plan (decode sizes) against moe_plan.block_plan: hot and empty experts, S up to the
+    one-program limit, BM 1 / 3 / 16 / 32, every tensor equal, and token = order // k."""
+    from kdbench.model import moe_plan_triton
+    rng = np.random.default_rng(seed)
+    E, S = int(rng.integers(2, 400)), int(rng.integers(1, moe_plan_triton.PLAN_MAX_SLOTS + 1))
+    if seed == 0:
+        E, S = 385, moe_plan_triton.PLAN_MAX_SLOTS                # the limits: K2's 384 + shared, 1024 slots
+    bm, k = int(rng.choice([1, 3, 16, 32])), int(rng.integers(1, 10))
+    hot = rng.integers(0, E, size=3)
+    flat = torch.from_numpy(np.where(rng.random(S) < 0.6, rng.choice(hot, S), rng.integers(0, E, S))).cuda()
+    want = moe_plan.block_plan(flat, E, bm)
+    got, token = moe_plan_triton.block_plan(flat, E, bm, k)
+    for name, a, b in zip(want._fields, got, want):
+        assert a.dtype == b.dtype and torch.equal(a, b), (name, seed, E, S, bm)
+    assert token.dtype == torch.int32 and torch.equal(token.long(), want.order // k)
+
+
+@pytest.mark.gpu
+@needs_triton
 @pytest.mark.parametrize("experts,k,rows,norm", [(384, 8, 1, True), (384, 8, 520, True), (13, 5, 7, True),
                                                  (64, 1, 33, False)])
 def test_triton_route_select_picks_the_torch_paths_experts_through_exact_ties(experts, k, rows, norm):

@@ -2,15 +2,16 @@
 (memcheck, racecheck): hidden and intermediate not multiples of the 64-wide tiles (the EVEN_K = False masks),
 expert counts with unused experts, rows 1 / 3 / 37 / 129 / 1031 / 4100 (all three BM row-block sizes), k distinct
 random experts per token, without and with the shared expert fused (expert E); each output checked against the torch emulation of the plan
-(float64 on the host), so a masked-off tail that went missing fails here too. Prints one line per shape, exits 1 on a mismatch.
+(float64 on the host), so a masked-off tail that went missing fails here too; and the one-launch block plan
+(moe_plan_triton) against the torch plan, at its limits (385 experts, 1024 slots) and small odd sizes. Prints one line per shape, exits 1 on a mismatch.
 Usage: compute-sanitizer --tool memcheck python3 reports/h200/sanitize_moe_triton.py [MAX_ROWS]
 (MAX_ROWS: skip the larger shapes; racecheck runs the Triton kernels ~10x slower than memcheck)"""
 import sys
 
 import torch
 
-from kdbench.model import moe_triton
-from kdbench.model.moe_plan import emulate
+from kdbench.model import moe_plan_triton, moe_triton
+from kdbench.model.moe_plan import block_plan, emulate
 
 dev, bad = "cuda", 0
 max_rows = int(sys.argv[1]) if len(sys.argv) > 1 else 1 << 30
@@ -31,6 +32,12 @@ for e, mi, d, k, rows in ((13, 200, 328, 8, (1, 3, 37)), (7, 64, 128, 2, (129, 1
             bad += rel > 2e-2
             print(f"E {e} mi {mi} d {d} k {k} rows {n} shared {sh is not None}: rel L2 vs emulation {rel:.1e}",
                   flush=True)
+for e, n, bm in ((385, 1024, 16), (13, 37, 3), (7, 1, 1)):                 # the one-launch plan alone
+    flat = torch.randint(0, e, (n,), generator=g, device=dev)
+    want, (got, token) = block_plan(flat, e, bm), moe_plan_triton.block_plan(flat, e, bm, 9)
+    same = all(torch.equal(a, b) for a, b in zip(got, want)) and torch.equal(token.long(), want.order // 9)
+    bad += not same
+    print(f"plan E {e} S {n} BM {bm}: {'equal' if same else 'DIFFERS'} to the torch plan", flush=True)
 torch.cuda.synchronize()
 print(f"sanitize_moe_triton: {'all shapes agree' if not bad else f'{bad} shapes differ'}")
 sys.exit(1 if bad else 0)
