@@ -112,6 +112,14 @@ def test_moe_forward_hands_the_shared_expert_to_an_op_that_fuses_it(monkeypatch)
     assert seen == [True, False]
 
 
+def test_auto_dispatch_resolves_to_a_path_that_runs_here():
+    w = torch.zeros(3, 4, 8)
+    assert tmoe.resolve_dispatch("loop", torch.zeros(2, 8), w) == "loop"
+    assert tmoe.resolve_dispatch("auto", torch.zeros(2, 8, dtype=torch.float64), w.double()) == "loop"
+    want = "grouped" if tmoe._grouped_available(torch.zeros(2, 8), w) else "loop"
+    assert tmoe.resolve_dispatch("auto", torch.zeros(2, 8), w) == want, "no triton on a CPU tensor"
+
+
 def test_with_shared_appends_one_slot_of_weight_one_per_token():
     idx, wts = torch.tensor([[3, 1], [0, 2]]), torch.tensor([[0.25, 0.5], [0.75, 0.125]])
     i2, w2 = moe_plan.with_shared(idx, wts, 4)
@@ -222,6 +230,14 @@ def test_triton_experts_with_the_shared_expert_fused_match_float64(rows, routing
     got = y.double().cpu().numpy()
     err = np.linalg.norm(got - want) / np.linalg.norm(want)
     assert np.isfinite(got).all() and err < 6e-3, (rows, err)
+
+
+@pytest.mark.gpu
+@needs_triton
+def test_auto_dispatch_is_triton_for_bf16_on_the_gpu_and_grouped_for_float32():
+    w = torch.zeros(3, 4, 8, device="cuda")
+    assert tmoe.resolve_dispatch("auto", torch.zeros(2, 8, device="cuda").bfloat16(), w.bfloat16()) == "triton"
+    assert tmoe.resolve_dispatch("auto", torch.zeros(2, 8, device="cuda"), w) in ("grouped", "loop")
 
 
 @pytest.mark.gpu

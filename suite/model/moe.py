@@ -110,14 +110,30 @@ def _grouped_available(x: torch.Tensor, w1: torch.Tensor) -> bool:
     return _GROUPED_OK[key]
 
 
+def resolve_dispatch(dispatch: str, x: torch.Tensor, w1: torch.Tensor) -> str:
+    """The dispatch mode "auto" stands for here: triton on a CUDA device with bf16 / fp16 activations and contiguous
+    weights of their dtype where Triton imports (the fastest path at every measured size, eager and graphed since
+    2026-12-02 s10, plans/0015), else grouped where torch._grouped_mm runs on this device and dtype, else loop."""
+    if dispatch != "auto":
+        return dispatch
+    if (x.is_cuda and x.dtype in (torch.bfloat16, torch.float16) and w1.dtype == x.dtype and w1.is_contiguous()
+            and _triton_available()):
+        return "triton"
+    return "grouped" if _grouped_available(x, w1) else "loop"
+
+
+@functools.cache
+def _triton_available() -> bool:
+    """The registry's moe_triton runs on CUDA here (asked once: every MoE layer of every forward resolves auto)."""
+    return registry.available("moe_triton", "cuda")[0]
+
+
 def experts_op(dispatch: str, x: torch.Tensor, w1: torch.Tensor):
-    """The routed-experts function of a dispatch mode (auto: grouped where torch._grouped_mm runs on this device
-    and dtype, else loop). ValueError naming the reason when the mode's backend cannot run here."""
+    """The routed-experts function of a dispatch mode (auto: resolve_dispatch). ValueError naming the reason when
+    the mode's backend cannot run here."""
     if dispatch not in DISPATCH_MODES:
         raise ValueError(f"dispatch must be one of {DISPATCH_MODES}, got {dispatch!r}")
-    if dispatch == "auto":
-        return experts_grouped if _grouped_available(x, w1) else experts_loop
-    return _registered_op(dispatch, x.device.type)
+    return _registered_op(resolve_dispatch(dispatch, x, w1), x.device.type)
 
 
 @functools.cache
@@ -135,8 +151,8 @@ def moe_forward(w: dict, cfg: ModelConfig, layer: int, x: torch.Tensor, dispatch
     """x [N, d] (ffn-normed) -> routed experts + shared expert, [N, d].
 
     dispatch: "grouped" (torch._grouped_mm; CUDA bf16 or CPU float32), "loop", "triton" (CUDA bf16/fp16),
-    "flashinfer" (the peer), or "auto" = grouped when it runs on this device/dtype, else loop (float64 on CPU
-    always loops). invariant_mode: the batch-invariant
+    "flashinfer" (the peer), or "auto" = triton where it runs, else grouped where that runs, else loop (float64
+    on CPU always loops; resolve_dispatch). invariant_mode: the batch-invariant
     router, expert GEMMs and deterministic combine (invariant.py); dispatch is then not used.
     route_log: a list that gets (layer, idx [N, k]) appended (training reads expert loads from it to update
     the router bias).
@@ -146,9 +162,9 @@ def moe_forward(w: dict, cfg: ModelConfig, layer: int, x: torch.Tensor, dispatch
     p = f"layers.{layer}."
     experts = (w[p + "experts.w1"], w[p + "experts.w2"], w[p + "experts.w3"])  # [E,mi,d], [E,d,mi], [E,mi,d]
     shared = (w[p + "shared.w1"], w[p + "shared.w2"], w[p + "shared.w3"]) if cfg.n_shared_experts > 0 else None
-    op = None if invariant_mode else experts_op(dispatch, x, experts[0])     # an unavailable dispatch says why first
-    idx, weights = route(x, w[p + "gate"], w[p + "gate_bias"], cfg, invariant_mode,
-                         triton_select=dispatch == "triton")
+    mode = resolve_dispatch(dispatch, x, experts[0])
+    op = None if invariant_mode else experts_op(mode, x, experts[0])     # an unavailable dispatch says why first
+    idx, weights = route(x, w[p + "gate"], w[p + "gate_bias"], cfg, invariant_mode, triton_select=mode == "triton")
     if route_log is not None:
         route_log.append((layer, idx))
     if invariant_mode:
