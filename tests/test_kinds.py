@@ -108,6 +108,7 @@ def test_divergence_is_classified_by_the_ar_logit_gap():
     planted = [type(ar[0])(tokens=[list(ar[0].tokens[0]), ar[0].tokens[1][:2] + [worst] + ar[0].tokens[1][3:]])]
     verdict, bug = gen.losslessness(model, prompts, ar, planted)
     assert bug and verdict.startswith("no: MISMATCH (prompt 1, position 2, AR logit gap"), verdict
+    assert "; router margin " in verdict and model.margin_log is None, "an MoE target's verdict names its margin"
 
 
 def test_float64_divergence_is_never_a_near_tie():

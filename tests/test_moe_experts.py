@@ -120,6 +120,21 @@ def test_auto_dispatch_resolves_to_a_path_that_runs_here():
     assert tmoe.resolve_dispatch("auto", torch.zeros(2, 8), w) == want, "no triton on a CPU tensor"
 
 
+def test_selection_margin_is_the_kth_minus_the_next_score_and_the_layer_logs_it():
+    biased = torch.tensor([[0.9, 0.1, 0.5, 0.45], [0.2, 0.2, float("-inf"), 0.7]])
+    torch.testing.assert_close(tmoe.selection_margin(biased, 2), torch.tensor([0.05, 0.0]))
+    assert torch.isinf(tmoe.selection_margin(biased, 4)).all(), "nothing left to flip with"
+    cfg = dataclasses.replace(get_preset("tiny"), hidden=48, moe_intermediate=24, n_routed_experts=12)
+    w = tw.from_numpy(ref.init_weights(cfg, 4), "cpu", torch.float64)
+    x = torch.randn(5, cfg.hidden, generator=torch.Generator().manual_seed(4), dtype=torch.float64)
+    log = []
+    tmoe.moe_forward(w, cfg, 1, x, margin_log=log)
+    s = tmoe.biased_scores(tmoe.router_scores(x, w["layers.1.gate"]), w["layers.1.gate_bias"], cfg)
+    top = torch.sort(s, descending=True).values
+    k = cfg.n_experts_per_tok
+    assert log[0][0] == 1 and torch.equal(log[0][1], top[:, k - 1] - top[:, k])
+
+
 def test_with_shared_appends_one_slot_of_weight_one_per_token():
     idx, wts = torch.tensor([[3, 1], [0, 2]]), torch.tensor([[0.25, 0.5], [0.75, 0.125]])
     i2, w2 = moe_plan.with_shared(idx, wts, 4)

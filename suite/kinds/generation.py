@@ -187,16 +187,27 @@ def losslessness(model, all_prompts, ar, spec) -> tuple[str, bool]:
     i, pos = where
     ar_tok = [t for r in ar for t in r.tokens][i]
     sp_tok = [t for r in spec for t in r.tokens][i]
-    gap = logit_gap(model, all_prompts[i] + ar_tok[:pos], ar_tok[pos], sp_tok[pos])
+    gap, margin = logit_gap(model, all_prompts[i] + ar_tok[:pos], ar_tok[pos], sp_tok[pos])
     excuse = 0.0 if getattr(model, "batch_invariant", False) else NEAR_TIE_LOGIT.get(model.dtype, 0.0)
     kind = "near-tie" if abs(gap) < excuse else "MISMATCH"
-    return f"no: {kind} (prompt {i}, position {pos}, AR logit gap {gap:.4g})", kind == "MISMATCH"
+    why = f"; router margin {margin[0]:.3g} at layer {margin[1]}" if margin else ""
+    return f"no: {kind} (prompt {i}, position {pos}, AR logit gap {gap:.4g}{why})", kind == "MISMATCH"
 
 
-def logit_gap(model, prefix: list[int], a: int, b: int) -> float:
-    """logit[a] - logit[b] after `prefix`."""
-    logits = next_logits(model, prefix).double()
-    return float(logits[a] - logits[b])
+def logit_gap(model, prefix: list[int], a: int, b: int) -> tuple[float, tuple[float, int] | None]:
+    """(logit[a] - logit[b] after `prefix`, the smallest MoE selection margin of that prediction's row over the
+    layers with its layer, or None for a model without MoE layers): a margin near 0 means rounding could have
+    chosen other experts there, which a logit gap cannot show (the verdict says it; it does not excuse)."""
+    log = [] if hasattr(model, "margin_log") else None
+    if log is not None:
+        model.margin_log = log
+    try:
+        logits = next_logits(model, prefix).double()
+    finally:
+        if log is not None:
+            model.margin_log = None
+    margins = [(float(m[-1]), layer) for layer, m in log or []]
+    return float(logits[a] - logits[b]), min(margins) if margins else None
 
 
 def next_logits(model, prefix: list[int]) -> torch.Tensor:

@@ -32,20 +32,16 @@ def _stable_topk(scores: torch.Tensor, k: int) -> torch.Tensor:
     return torch.sort(scores, dim=-1, descending=True, stable=True).indices[:, :k]
 
 
-def route(x: torch.Tensor, w_gate: torch.Tensor, bias: torch.Tensor, cfg: ModelConfig, invariant_mode: bool = False,
-          triton_select: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-    """x [N, d] -> (idx [N, k] int64 in selection order, weights [N, k] float32, float64 for float64 x).
+def router_scores(x: torch.Tensor, w_gate: torch.Tensor, invariant_mode: bool = False) -> torch.Tensor:
+    """[N, E] sigmoid router scores (float32; float64 for float64 x), batch-invariant GEMM in invariant_mode."""
+    if invariant_mode:
+        return invariant.sigmoid(invariant.gate_logits(x, w_gate))
+    return torch.sigmoid(gate_logits(x, w_gate))
 
-    Selection on sigmoid + bias, group-limited (group score = sum of its top-2 biased scores, other groups
-    -inf); weights are the unbiased scores, normalized if norm_topk_prob, times routed_scaling.
-    invariant_mode: batch-invariant gate GEMM and a left-to-right sum over the top-k (sorts and elementwise
-    ops are row-independent already). triton_select: for one group, everything after the sigmoid in one Triton
-    launch (moe_triton.route_select: the same experts, weights summed left to right), as the Triton dispatch runs.
-    """
-    s = invariant.sigmoid(invariant.gate_logits(x, w_gate)) if invariant_mode else torch.sigmoid(gate_logits(x, w_gate))
-    if triton_select and cfg.n_group == 1 and not invariant_mode:
-        from . import moe_triton   # noqa: PLC0415  (imports triton; only the Triton dispatch asks)
-        return moe_triton.route_select(s, bias, cfg.n_experts_per_tok, cfg.norm_topk_prob, cfg.routed_scaling)
+
+def biased_scores(s: torch.Tensor, bias: torch.Tensor, cfg: ModelConfig) -> torch.Tensor:
+    """s + bias, group-limited: group score = sum of its top-2 biased scores; groups outside the top topk_group
+    become -inf (n_group 1: no limit)."""
     biased = s + bias.to(s.dtype)
     if cfg.n_group > 1:
         n, e = biased.shape
@@ -55,7 +51,33 @@ def route(x: torch.Tensor, w_gate: torch.Tensor, bias: torch.Tensor, cfg: ModelC
         kept = _stable_topk(group_score, cfg.topk_group)     # [N, topk_group]
         keep = torch.zeros_like(group_score, dtype=torch.bool).scatter_(1, kept, True)
         biased = biased.masked_fill(~keep.repeat_interleave(e // cfg.n_group, dim=1), float("-inf"))
-    idx = _stable_topk(biased, cfg.n_experts_per_tok)          # [N, k]
+    return biased
+
+
+def selection_margin(biased: torch.Tensor, k: int) -> torch.Tensor:
+    """[N]: the k-th largest biased score minus the (k+1)-th, how far each row's expert choice is from a flip
+    (inf where fewer than k + 1 experts are selectable). Group choices are not covered."""
+    if biased.shape[1] <= k:
+        return torch.full(biased.shape[:1], float("inf"), dtype=biased.dtype, device=biased.device)
+    v = torch.topk(biased, k + 1, dim=-1).values
+    return v[:, k - 1] - v[:, k]
+
+
+def route(x: torch.Tensor, w_gate: torch.Tensor, bias: torch.Tensor, cfg: ModelConfig, invariant_mode: bool = False,
+          triton_select: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [N, d] -> (idx [N, k] int64 in selection order, weights [N, k] float32, float64 for float64 x).
+
+    Selection on sigmoid + bias, group-limited (biased_scores); weights are the unbiased scores, normalized if
+    norm_topk_prob, times routed_scaling.
+    invariant_mode: batch-invariant gate GEMM and a left-to-right sum over the top-k (sorts and elementwise
+    ops are row-independent already). triton_select: for one group, everything after the sigmoid in one Triton
+    launch (moe_triton.route_select: the same experts, weights summed left to right), as the Triton dispatch runs.
+    """
+    s = router_scores(x, w_gate, invariant_mode)
+    if triton_select and cfg.n_group == 1 and not invariant_mode:
+        from . import moe_triton   # noqa: PLC0415  (imports triton; only the Triton dispatch asks)
+        return moe_triton.route_select(s, bias, cfg.n_experts_per_tok, cfg.norm_topk_prob, cfg.routed_scaling)
+    idx = _stable_topk(biased_scores(s, bias, cfg), cfg.n_experts_per_tok)          # [N, k]
     weights = torch.gather(s, 1, idx)
     if cfg.norm_topk_prob:
         total = invariant.ordered_sum(weights)[:, None] if invariant_mode else weights.sum(dim=-1, keepdim=True)
@@ -147,7 +169,8 @@ def _registered_op(dispatch: str, device_type: str):
 
 
 def moe_forward(w: dict, cfg: ModelConfig, layer: int, x: torch.Tensor, dispatch: str = "auto",
-                invariant_mode: bool = False, route_log: list | None = None) -> torch.Tensor:
+                invariant_mode: bool = False, route_log: list | None = None,
+                margin_log: list | None = None) -> torch.Tensor:
     """x [N, d] (ffn-normed) -> routed experts + shared expert, [N, d].
 
     dispatch: "grouped" (torch._grouped_mm; CUDA bf16 or CPU float32), "loop", "triton" (CUDA bf16/fp16),
@@ -155,7 +178,8 @@ def moe_forward(w: dict, cfg: ModelConfig, layer: int, x: torch.Tensor, dispatch
     on CPU always loops; resolve_dispatch). invariant_mode: the batch-invariant
     router, expert GEMMs and deterministic combine (invariant.py); dispatch is then not used.
     route_log: a list that gets (layer, idx [N, k]) appended (training reads expert loads from it to update
-    the router bias).
+    the router bias). margin_log: a list that gets (layer, selection_margin [N]) appended (the e2e kind's
+    divergence diagnosis; the scores are computed once more for it).
     """
     if dispatch not in DISPATCH_MODES:
         raise ValueError(f"dispatch must be one of {DISPATCH_MODES}, got {dispatch!r}")
@@ -167,6 +191,9 @@ def moe_forward(w: dict, cfg: ModelConfig, layer: int, x: torch.Tensor, dispatch
     idx, weights = route(x, w[p + "gate"], w[p + "gate_bias"], cfg, invariant_mode, triton_select=mode == "triton")
     if route_log is not None:
         route_log.append((layer, idx))
+    if margin_log is not None:
+        s = router_scores(x, w[p + "gate"], invariant_mode)
+        margin_log.append((layer, selection_margin(biased_scores(s, w[p + "gate_bias"], cfg), cfg.n_experts_per_tok)))
     if invariant_mode:
         y = invariant.experts(x, idx, weights, *experts)
         return y if shared is None else y + invariant.swiglu(x, *shared)

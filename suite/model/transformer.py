@@ -75,6 +75,7 @@ class Transformer:
         # prefill, AR decode and tree verify share one attention over logical key order (plans/0010)
         self.batch_invariant = bool(batch_invariant)
         self.route_log: list | None = None   # a list: every MoE layer appends (layer, expert idx) (training)
+        self.margin_log: list | None = None  # a list: every MoE layer appends (layer, selection margin [rows])
         self.set_taps(tap_layers)
         self.device, self.dtype = weights["embed"].device, weights["embed"].dtype
         self.freqs = inv_freq(cfg, self.device)  # [dr/2] float64
@@ -192,7 +193,7 @@ class Transformer:
         B, T, d = x.shape
         if self.cfg.is_moe_layer(layer):
             return moe_forward(self.w, self.cfg, layer, x.reshape(B * T, d), self.moe_dispatch,
-                               self.batch_invariant, self.route_log).view(B, T, d)
+                               self.batch_invariant, self.route_log, self.margin_log).view(B, T, d)
         p = f"layers.{layer}.mlp."
         ffn = invariant.swiglu if self.batch_invariant else swiglu
         return ffn(x, self.w[p + "w1"], self.w[p + "w2"], self.w[p + "w3"])
