@@ -112,8 +112,11 @@ def experts_grouped(x, idx, weights, w1, w2, w3) -> torch.Tensor:
     xs = x[token]                                              # [N*k, d]
     h = F.silu(torch._grouped_mm(xs, w1.transpose(1, 2), offs)) * torch._grouped_mm(xs, w3.transpose(1, 2), offs)
     out = torch._grouped_mm(h, w2.transpose(1, 2), offs)       # [N*k, d]
-    out = out * weights.flatten()[order, None].to(out.dtype)
-    return torch.zeros_like(x).index_add_(0, token, out)
+    acc = torch.promote_types(x.dtype, torch.float32)           # bf16 / fp16 outputs sum in float32
+    out = out.to(acc) * weights.flatten()[order, None].to(acc)
+    # the k weighted outputs of a token summed in float32 and rounded once, like the Triton path: a bf16 index_add_
+    # rounds after every add, in whatever order CUDA's atomics take (plans/0003, s10)
+    return torch.zeros(x.shape, dtype=acc, device=x.device).index_add_(0, token, out).to(x.dtype)
 
 
 def _grouped_available(x: torch.Tensor, w1: torch.Tensor) -> bool:
