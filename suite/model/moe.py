@@ -115,7 +115,7 @@ def experts_grouped(x, idx, weights, w1, w2, w3) -> torch.Tensor:
     acc = torch.promote_types(x.dtype, torch.float32)           # bf16 / fp16 outputs sum in float32
     out = out.to(acc) * weights.flatten()[order, None].to(acc)
     # the k weighted outputs of a token summed in float32 and rounded once, like the Triton path: a bf16 index_add_
-    # rounds after every add, in whatever order CUDA's atomics take (plans/0003, s10)
+    # rounded after every add, in whatever order CUDA's atomics took (layer rel L2 5.3e-3 -> 4.5e-3, s10 call F)
     return torch.zeros(x.shape, dtype=acc, device=x.device).index_add_(0, token, out).to(x.dtype)
 
 
