@@ -3,7 +3,8 @@ batch-1 layer's time goes (torch.profiler over eager calls: CUDA time per kernel
 kernels against the two expert kernels); (2) the layer as a CUDA-graph replay with the shared expert fused (moe_forward,
 dispatch triton) and apart (time_moe.layer_shared_apart) for up / down tile widths BN in 32 / 64 / 128 at rows 1, 8
 and 520; every output checked against the float64 layer before and after timing (rel L2 < 1e-2).
-Usage (GPU machine, repo root): python3 reports/h200/moe_cfg_probe.py OUT_DIR"""
+Usage (GPU machine, repo root): python3 reports/h200/moe_cfg_probe.py OUT_DIR [ROWS ...] [--no-profile]
+(ROWS default 1 8 520)"""
 from __future__ import annotations
 
 import json
@@ -40,7 +41,7 @@ def profile_b1(w, cfg, layer, x) -> str:
     return avg.table(row_limit=60)
 
 
-def main(out: str) -> None:
+def main(out: str, rows: tuple[int, ...], profile: bool) -> None:
     cfg = get_preset("kimi-k2-slice-2")
     layer = next(i for i in range(cfg.n_layers) if cfg.is_moe_layer(i))
     w, p = time_moe.layer_weights(cfg, layer, 15, "cuda", torch.bfloat16), f"layers.{layer}."
@@ -49,9 +50,10 @@ def main(out: str) -> None:
     shipped = moe_triton.CFG_BY_SLOTS
     op, res = tmoe.experts_op("triton", torch.empty(1, device="cuda", dtype=torch.bfloat16), ex[0]), {"rows": []}
     x1 = torch.randn(1, cfg.hidden, device="cuda").bfloat16()
-    res["profile_b1"] = profile_b1(w, cfg, layer, x1)
-    print(res["profile_b1"], flush=True)
-    for n in ROWS:
+    if profile:
+        res["profile_b1"] = profile_b1(w, cfg, layer, x1)
+        print(res["profile_b1"], flush=True)
+    for n in rows:
         x = torch.randn(n, cfg.hidden, generator=torch.Generator(device="cuda").manual_seed(100 + n),
                         device="cuda").bfloat16()
         idx, wts = tmoe.route(x, w[p + "gate"], w[p + "gate_bias"], cfg)
@@ -80,4 +82,5 @@ def main(out: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    args = [a for a in sys.argv[2:] if a != "--no-profile"]
+    main(sys.argv[1], tuple(int(a) for a in args) or ROWS, "--no-profile" not in sys.argv)
