@@ -16,9 +16,9 @@ from .triton_base import jit as _jit
 # the least MMA work; every block re-reads its expert's weights, so bigger S (more rows per expert) wants bigger
 # blocks. BN = columns per program (intermediate for up, hidden for down): at S <= 1024 narrow 32-column programs
 # spread the few experts' weights over more SMs; at verify sizes the down kernel's 128 columns halve the H re-reads.
-# The BN choices were measured (plans/0015, 2026-12-02 s10 call B, kimi-k2-slice-2 layer at rows 1 / 8 / 520); the
-# row above 8192 slots was not, and keeps the first configuration's 64 / 64.
-CFG_BY_SLOTS = ((1024, 16, 32, 32), (8192, 32, 64, 128), (1 << 62, 64, 64, 64))
+# The BN choices were measured (plans/0015, 2026-12-02 s10, kimi-k2-slice-2's layer: call B at rows 1 / 8 / 520,
+# call G at 2080 rows = batch 32 x T 65, where 128 / 128 took 14 % off 64 / 64).
+CFG_BY_SLOTS = ((1024, 16, 32, 32), (8192, 32, 64, 128), (1 << 62, 64, 128, 128))
 BK, WARPS, STAGES = 64, 4, 4   # K step (hidden for up, intermediate for down), warps and pipeline stages per program
 
 
