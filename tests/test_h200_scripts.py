@@ -44,3 +44,29 @@ def test_h200_bench_sources_compile(bench, tmp_path):
            str(ROOT / "reports/h200" / bench), "-o", str(tmp_path / "bench.o")]
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, res.stderr[-2000:]
+
+
+def test_time_moe_dry_run_on_cpu_times_the_torch_dispatches_and_skips_the_gpu_ones(tmp_path):
+    """The MoE layer timing's code paths on the CPU (tiny preset, float32): every case times grouped and loop against
+    the float64 evaluation; the Triton experts and the FlashInfer peer are skipped rows with their reasons."""
+    cmd = [sys.executable, str(ROOT / "reports/h200/time_moe.py"), str(tmp_path), "--quick", "--device", "cpu",
+           "--preset", "tiny"]
+    subprocess.run(cmd, check=True, capture_output=True, text=True, cwd=ROOT, timeout=600)
+    rows = json.loads((tmp_path / "moe_timing.json").read_text())["rows"]
+    cases = {r["case"] for r in rows}
+    assert cases == {"ar-b1", "ar-b8", "ar-b32", "verify-b8-t65"}
+    timed = [r for r in rows if r["dispatch"] in ("grouped", "loop") and r.get("mode") == "eager"]
+    assert len(timed) == 4 * 2 * 2 and all(r["status"] == "pass" and r["rel_l2_after"] < 1e-2 for r in timed)
+    skipped = [r for r in rows if r["dispatch"] in ("triton", "flashinfer")]
+    assert len(skipped) == 8 and all(r["status"] == "skipped" and "cuda" in r["reason"] for r in skipped)
+
+
+def test_grid_summary_reproduces_session_10s_batch_one_counts():
+    """The counts quoted for s10's batch-1 verify grid (plans/0004 "Session 10") from its committed records."""
+    s10 = ROOT / "reports/h200/2026-12-02-s10"
+    out = subprocess.run([sys.executable, str(ROOT / "reports/h200/verify_grid_summary.py"),
+                          str(s10 / "call_b/runs/grid_b1/records.jsonl"),
+                          str(s10 / "call_e/runs/grid_b1_last/records.jsonl")],
+                         check=True, capture_output=True, text=True).stdout
+    assert "shapes 27: faster than the cascade on 27, >= 1.25x on 26, missed on 1 (min 1.19x" in out, out
+    assert ">= 80 % of the floor rate on 4 (" in out, out
