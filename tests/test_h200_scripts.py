@@ -70,3 +70,11 @@ def test_grid_summary_reproduces_session_10s_batch_one_counts():
                          check=True, capture_output=True, text=True).stdout
     assert "shapes 27: faster than the cascade on 27, >= 1.25x on 26, missed on 1 (min 1.19x" in out, out
     assert ">= 80 % of the floor rate on 4 (" in out, out
+
+
+def test_the_quoted_moe_layer_figures_are_call_cs_saved_samples():
+    """plans/0015's shipped row (Triton layer, graph replay): median ms and % of floor at 1 / 8 / 32 / 520 rows."""
+    rows = json.loads((ROOT / "reports/h200/2026-12-02-s10/call_c/logs/moe_timing.json").read_text())["rows"]
+    got = {r["rows"]: (round(r["median_s"] * 1e3, 3), round(r["pct_of_floor"], 1)) for r in rows
+           if r["dispatch"] == "triton" and r["scope"] == "layer" and r["mode"] == "graph" and r["status"] == "pass"}
+    assert got == {1: (0.246, 77.2), 8: (1.116, 97.6), 32: (2.274, 100.4), 520: (5.559, 84.8)}
