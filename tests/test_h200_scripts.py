@@ -70,6 +70,9 @@ def test_grid_summary_reproduces_session_10s_batch_one_counts():
                          check=True, capture_output=True, text=True).stdout
     assert "shapes 27: faster than the cascade on 27, >= 1.25x on 26, missed on 1 (min 1.19x" in out, out
     assert ">= 80 % of the floor rate on 4 (" in out, out
+    plan = " ".join((ROOT / "plans/0004-kernels.md").read_text().split())
+    assert ">= 1.25x the cascade on 26 of 27** (median 14.9x" in plan and "1.19x" in plan, "the plan quotes them"
+    assert "median 14.94x" in out
 
 
 def test_the_quoted_moe_layer_figures_are_call_cs_saved_samples():
@@ -78,3 +81,7 @@ def test_the_quoted_moe_layer_figures_are_call_cs_saved_samples():
     got = {r["rows"]: (round(r["median_s"] * 1e3, 3), round(r["pct_of_floor"], 1)) for r in rows
            if r["dispatch"] == "triton" and r["scope"] == "layer" and r["mode"] == "graph" and r["status"] == "pass"}
     assert got == {1: (0.246, 77.2), 8: (1.116, 97.6), 32: (2.274, 100.4), 520: (5.559, 84.8)}
+    plan = (ROOT / "plans/0015-fused-moe.md").read_text()
+    row = next(line for line in plan.splitlines() if line.startswith("| + BN per slot count, router, plan (C"))
+    for ms, pct in got.values():
+        assert f"{ms:.3f} ({pct:.1f} %)" in row, (ms, pct, row)   # the plan's table quotes these samples

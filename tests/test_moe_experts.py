@@ -223,7 +223,8 @@ def _bf16_check(backend, case, seed, rel_l2=6e-3):
 @needs_triton
 @pytest.mark.parametrize("rows,routing,hidden,inter", [
     (1, "uniform", 256, 128), (7, "same", 200, 96), (33, "skewed", 256, 128), (129, "uniform", 320, 192),
-    (131, "same", 128, 64), (1100, "skewed", 192, 64)])   # 1100 x 5 slots: BM 16 / 32 / 64 all run
+    (131, "same", 128, 64), (1100, "skewed", 192, 64), (1700, "uniform", 192, 64)])
+# slots = rows x 5: BM 16 up to 1024 slots, 32 at 5500, 64 (and 128-column programs) at 8500
 @pytest.mark.parametrize("seed", [7, 8])
 def test_triton_experts_match_the_float64_reference(rows, routing, hidden, inter, seed):
     _bf16_check("moe_triton", _case(rows, routing, "bfloat16", hidden, inter, experts=64), seed)
@@ -232,9 +233,11 @@ def test_triton_experts_match_the_float64_reference(rows, routing, hidden, inter
 @pytest.mark.gpu
 @needs_triton
 @pytest.mark.parametrize("rows,routing,hidden,inter", [
-    (1, "uniform", 256, 128), (7, "same", 200, 96), (129, "skewed", 320, 192), (1100, "uniform", 192, 64)])
+    (1, "uniform", 256, 128), (7, "same", 200, 96), (129, "skewed", 320, 192), (1100, "uniform", 192, 64),
+    (1700, "skewed", 192, 64)])
 def test_triton_experts_with_the_shared_expert_fused_match_float64(rows, routing, hidden, inter):
-    """The shared expert in the expert launches (slot k, expert E): BM 16 / 32 / 64, a K tail (hidden 200)."""
+    """The shared expert in the expert launches (slot k, expert E; rows x 6 slots): BM 16 at up to 1024 slots, 32 at
+    6600, 64 with 128-column programs at 10200; a K tail (hidden 200)."""
     case = _case(rows, routing, "bfloat16", hidden, inter, experts=64)
     inputs = FAM.make_inputs(case, 40 + rows)
     sh = [torch.from_numpy(m).to("cuda", torch.bfloat16) for m in _shared_expert(inter, hidden, rows, hidden ** -0.5)]
@@ -322,7 +325,9 @@ def test_the_one_launch_plan_equals_the_torch_plan_bit_for_bit(seed):
     rng = np.random.default_rng(seed)
     E, S = int(rng.integers(2, 400)), int(rng.integers(1, moe_plan_triton.PLAN_MAX_SLOTS + 1))
     if seed == 0:
-        E, S = 385, moe_plan_triton.PLAN_MAX_SLOTS                # the limits: K2's 384 + shared, 1024 slots
+        E, S = 385, moe_plan_triton.PLAN_MAX_SLOTS                # K2's 384 + shared at the slot limit
+    if seed == 1:
+        E, S = moe_plan_triton.PLAN_MAX_EXPERTS, moe_plan_triton.PLAN_MAX_SLOTS   # both limits
     bm, k = int(rng.choice([1, 3, 16, 32])), int(rng.integers(1, 10))
     hot = rng.integers(0, E, size=3)
     flat = torch.from_numpy(np.where(rng.random(S) < 0.6, rng.choice(hot, S), rng.integers(0, E, S))).cuda()
@@ -343,12 +348,26 @@ def test_triton_route_select_picks_the_torch_paths_experts_through_exact_ties(ex
     g = torch.Generator().manual_seed(rows)
     x, wg = torch.randn(rows, 64, generator=g), torch.randn(experts, 64, generator=g)
     bias = torch.randn(experts, generator=g) * 0.1
-    wg[3], bias[3] = wg[1], bias[1]                       # experts 1 and 3 tie exactly on every row
+    wg[3], wg[5] = wg[1], wg[4]                           # experts 1 = 3 and 4 = 5 score alike on every row
+    bias[1] = bias[3] = 5.0                               # 1 and 3 lead every row (scores are < 1): their tie decides
+    bias[5] = bias[4]
     x, wg, bias = x.cuda(), wg.cuda(), bias.cuda()
     want_idx, want_w = tmoe.route(x, wg, bias, cfg)
     got_idx, got_w = tmoe.route(x, wg, bias, cfg, triton_select=True)
     assert torch.equal(got_idx, want_idx)
+    assert (got_idx[:, 0] == 1).all() and (k == 1 or (got_idx[:, 1] == 3).all()), "ties go to the lower index"
     torch.testing.assert_close(got_w, want_w, rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.gpu
+@needs_triton
+def test_triton_route_select_keeps_nan_rows_in_range():
+    """A NaN row (and a half-NaN one) picks live experts below E, never the shared expert's index or past it."""
+    s = torch.rand(3, 16, device="cuda")
+    s[0], s[1, :8] = float("nan"), float("nan")
+    idx, _ = moe_triton.route_select(s, torch.zeros(16, device="cuda"), 4, True, 1.0)
+    assert ((idx >= 0) & (idx < 16)).all() and all(len(set(r)) == 4 for r in idx.tolist()), idx
+    torch.testing.assert_close(idx[2], torch.sort(s[2], descending=True, stable=True).indices[:4])
 
 
 @pytest.mark.gpu

@@ -196,16 +196,17 @@ def losslessness(model, all_prompts, ar, spec) -> tuple[str, bool]:
 
 def logit_gap(model, prefix: list[int], a: int, b: int) -> tuple[float, tuple[float, int] | None]:
     """(logit[a] - logit[b] after `prefix`, the smallest MoE selection margin of that prediction's row over the
-    layers with its layer, or None for a model without MoE layers): a margin near 0 means rounding could have
-    chosen other experts there, which a logit gap cannot show (the verdict says it; it does not excuse)."""
+    layers with its layer, or None where the model logs none: no MoE layers, or a model without margin_log such as
+    the sharded one): a margin near 0 means rounding could have chosen other experts there, which a logit gap
+    cannot show (the verdict says it; it does not excuse)."""
     log = [] if hasattr(model, "margin_log") else None
     if log is not None:
-        model.margin_log = log
+        before, model.margin_log = model.margin_log, log
     try:
         logits = next_logits(model, prefix).double()
     finally:
         if log is not None:
-            model.margin_log = None
+            model.margin_log = before
     margins = [(float(m[-1]), layer) for layer, m in log or []]
     return float(logits[a] - logits[b]), min(margins) if margins else None
 

@@ -114,9 +114,11 @@ def experts_grouped(x, idx, weights, w1, w2, w3) -> torch.Tensor:
     out = torch._grouped_mm(h, w2.transpose(1, 2), offs)       # [N*k, d]
     acc = torch.promote_types(x.dtype, torch.float32)           # bf16 / fp16 outputs sum in float32
     out = out.to(acc) * weights.flatten()[order, None].to(acc)
-    # the k weighted outputs of a token summed in float32 and rounded once, like the Triton path: a bf16 index_add_
-    # rounded after every add, in whatever order CUDA's atomics took (layer rel L2 5.3e-3 -> 4.5e-3, s10 call F)
-    return torch.zeros(x.shape, dtype=acc, device=x.device).index_add_(0, token, out).to(x.dtype)
+    # back to slot order, then the k weighted outputs of a token summed in float32 in slot order and rounded once,
+    # like the Triton path (a bf16 index_add_ rounded after every add, in whatever order CUDA's atomics took:
+    # layer rel L2 5.3e-3 -> 4.5e-3 in s10 call F, which used a float32 index_add_)
+    slots = torch.empty_like(out).index_copy_(0, order, out)     # [N*k, d]
+    return slots.view(n, k, -1).sum(1).to(x.dtype)
 
 
 def _grouped_available(x: torch.Tensor, w1: torch.Tensor) -> bool:
@@ -135,22 +137,30 @@ def _grouped_available(x: torch.Tensor, w1: torch.Tensor) -> bool:
     return _GROUPED_OK[key]
 
 
-def resolve_dispatch(dispatch: str, x: torch.Tensor, w1: torch.Tensor) -> str:
-    """The dispatch mode "auto" stands for here: triton on a CUDA device with bf16 / fp16 activations and contiguous
-    weights of their dtype where Triton imports (the fastest path at every measured size, eager and graphed since
-    2026-12-02 s10, plans/0015), else grouped where torch._grouped_mm runs on this device and dtype, else loop."""
+def resolve_dispatch(dispatch: str, x: torch.Tensor, *weights: torch.Tensor) -> str:
+    """The dispatch mode "auto" stands for here: triton for bf16 / fp16 activations on a CUDA device of compute
+    capability >= 8.0 (bf16 tensor-core dots) where Triton imports, with every given expert weight contiguous and of
+    x's dtype (the fastest path at every measured size, eager and graphed since 2026-12-02 s10, plans/0015), else
+    grouped where torch._grouped_mm runs on this device and dtype, else loop. weights: w1 first."""
     if dispatch != "auto":
         return dispatch
-    if (x.is_cuda and x.dtype in (torch.bfloat16, torch.float16) and w1.dtype == x.dtype and w1.is_contiguous()
-            and _triton_available()):
+    if (x.is_cuda and x.dtype in (torch.bfloat16, torch.float16) and _triton_runs(x.device)
+            and all(w.dtype == x.dtype and w.is_contiguous() for w in weights)):
         return "triton"
-    return "grouped" if _grouped_available(x, w1) else "loop"
+    return "grouped" if _grouped_available(x, weights[0]) else "loop"
 
 
 @functools.cache
-def _triton_available() -> bool:
-    """The registry's moe_triton runs on CUDA here (asked once: every MoE layer of every forward resolves auto)."""
-    return registry.available("moe_triton", "cuda")[0]
+def _triton_runs(device: torch.device) -> bool:
+    """The registry's moe_triton is available and the GPU has bf16 tensor cores (sm80+); asked once per device."""
+    return registry.available("moe_triton", "cuda")[0] and torch.cuda.get_device_capability(device) >= (8, 0)
+
+
+def fusable_shared(shared: tuple | None, experts: tuple) -> bool:
+    """The shared expert can run as one more expert of the Triton launches: one routed expert's shape, dtype and
+    layout for each of w1 / w2 / w3."""
+    return shared is not None and all(s.shape == w.shape[1:] and s.dtype == w.dtype and s.is_contiguous()
+                                      for s, w in zip(shared, experts))
 
 
 def experts_op(dispatch: str, x: torch.Tensor, w1: torch.Tensor):
@@ -189,7 +199,7 @@ def moe_forward(w: dict, cfg: ModelConfig, layer: int, x: torch.Tensor, dispatch
     p = f"layers.{layer}."
     experts = (w[p + "experts.w1"], w[p + "experts.w2"], w[p + "experts.w3"])  # [E,mi,d], [E,d,mi], [E,mi,d]
     shared = (w[p + "shared.w1"], w[p + "shared.w2"], w[p + "shared.w3"]) if cfg.n_shared_experts > 0 else None
-    mode = resolve_dispatch(dispatch, x, experts[0])
+    mode = resolve_dispatch(dispatch, x, *experts)
     op = None if invariant_mode else experts_op(mode, x, experts[0])     # an unavailable dispatch says why first
     idx, weights = route(x, w[p + "gate"], w[p + "gate_bias"], cfg, invariant_mode, triton_select=mode == "triton")
     if route_log is not None:
@@ -200,7 +210,7 @@ def moe_forward(w: dict, cfg: ModelConfig, layer: int, x: torch.Tensor, dispatch
     if invariant_mode:
         y = invariant.experts(x, idx, weights, *experts)
         return y if shared is None else y + invariant.swiglu(x, *shared)
-    if shared is not None and getattr(op, "fuses_shared", False) and shared[0].shape == experts[0].shape[1:]:
+    if getattr(op, "fuses_shared", False) and fusable_shared(shared, experts):
         return op(x, idx, weights, *experts, shared=shared)   # one expert wide: runs in the experts' launches
     y = op(x, idx, weights, *experts)
     return y if shared is None else y + swiglu(x, *shared)

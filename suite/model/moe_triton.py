@@ -177,6 +177,8 @@ def _route_kernel(S, BIAS, IDX, WT, E, scale, K: tl.constexpr, KP2: tl.constexpr
     for j in tl.static_range(K):
         best = tl.max(tl.where(live, b, float("-inf")), 0)
         pick = tl.min(tl.where(live & (b == best), cols, EP2), 0)   # the lowest index among the largest
+        # no live lane equals the max when the rest are NaN: take the lowest live one, never an index >= E
+        pick = tl.minimum(tl.where(pick < E, pick, tl.min(tl.where(live, cols, EP2), 0)), E - 1)
         w = tl.sum(tl.where(cols == pick, s, 0.0), 0)
         picks = tl.where(ks == j, pick.to(tl.int64), picks)
         wts = tl.where(ks == j, w, wts)

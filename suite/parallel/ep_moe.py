@@ -85,6 +85,13 @@ def _exact_exchange(x, idx, comm: Comm, el: int, k: int, experts) -> torch.Tenso
     return torch.empty_like(back).index_copy_(0, order, back)
 
 
+def ep_experts(dispatch: str, x: torch.Tensor, w1: torch.Tensor) -> str:
+    """The experts an EP rank runs for a dispatch mode: "grouped" for grouped, and for auto where torch._grouped_mm
+    runs here; "loop" for every other mode (the Triton experts have no EP form). The single-process check compares
+    against moe_forward with this same mode, not with what auto means there."""
+    return "grouped" if dispatch == "grouped" or (dispatch == "auto" and _grouped_available(x, w1)) else "loop"
+
+
 def ep_moe_forward(w: dict, cfg: ModelConfig, layer: int, x: torch.Tensor, comm: Comm, dispatch: str = "auto",
                    exact: bool = False) -> torch.Tensor:
     """x [N, d] this rank's tokens (N equal on every rank) -> routed + shared expert output [N, d].
@@ -94,7 +101,7 @@ def ep_moe_forward(w: dict, cfg: ModelConfig, layer: int, x: torch.Tensor, comm:
     n, d = x.shape
     el, k = w1.shape[0], cfg.n_experts_per_tok
     idx, weights = route(x, w[p + "gate"], w[p + "gate_bias"], cfg)            # [N, k] global ids
-    grouped = dispatch == "grouped" or (dispatch == "auto" and _grouped_available(x, w1))
+    grouped = ep_experts(dispatch, x, w1) == "grouped"
     exchange = _exact_exchange if exact else _padded_exchange
     out = exchange(x, idx, comm, el, k, (w1, w2, w3, grouped))                   # [N*k, d] slot order
     contrib = out.view(n, k, d) * weights.to(x.dtype)[..., None]

@@ -23,6 +23,7 @@ from kdbench.references.model_config import get_preset
 
 from . import comm_bench, measure
 from .comm import Comm
+from .ep_moe import ep_experts
 from .job import Inputs, Job, make_inputs
 from .model import ShardedTransformer
 
@@ -96,7 +97,10 @@ def _moe_check(job: Job, model: ShardedTransformer, ref, comm: Comm) -> dict:
     y = model._ffn(layer, x[None]).squeeze(0)
     res = {"digest": measure.digest(y)}
     if ref is not None:
-        res["check"] = measure.compare(moe_forward(ref.w, ref.cfg, layer, x, ref.moe_dispatch), y)
+        mode = ref.moe_dispatch                               # TP runs moe_forward itself; EP its own experts
+        if model.parallel != "tp":
+            mode = ep_experts(ref.moe_dispatch, x, ref.w[f"layers.{layer}.experts.w1"])
+        res["check"] = measure.compare(moe_forward(ref.w, ref.cfg, layer, x, mode), y)
     return res
 
 
