@@ -85,13 +85,16 @@ def ab_setup(tmp_path, monkeypatch):
 
 
 def test_aa_against_a_copy_of_this_tree_exits_0(ab_setup):
+    """Three round pairs (ABBAAB): on the shared 2-core box a slowdown lasting the middle two rounds of two pairs
+    (ABBA) falls on one side only and twice read as +6-12 % in s10's CI runs; with three pairs both sides take it."""
     tmp, scenario, base = ab_setup
     out = tmp / "ab"
-    code = cli.main(["compare", "--against", str(base), str(scenario), "--device", "cpu", "--out-dir", str(out)])
+    code = cli.main(["compare", "--against", str(base), str(scenario), "--device", "cpu", "--out-dir", str(out),
+                     "--rounds", "3"])
     assert code == 0
     rows = [json.loads(line) for line in (out / "new" / "records.jsonl").read_text().splitlines()]
     assert {r["policy"] for r in rows} == {"ar", "ddtree(B=8)"} and all(r["n_samples"] >= 16 for r in rows)
-    assert (out / "compare.html").exists() and len(list((out / "rounds").iterdir())) == 4
+    assert (out / "compare.html").exists() and len(list((out / "rounds").iterdir())) == 6
 
 
 def test_planted_slowdown_through_against_exits_1(ab_setup):
