@@ -2,10 +2,11 @@
 e2e scenario (engine rows gate): an A/A compare against a copy of this tree exits 0, and a copy with a planted
 slowdown (the torch tree-verify MLA attention does its work five times: measured +30-42 % on the AR decode row,
 +15-30 % on ddtree, on the shared 2-core box, 2026-12-01 s7; three times gave +12-22 %, within the 17 % that one
-side's own rounds can differ by there, which regress now calls ambiguous) exits 1.
+side's own rounds can differ by there, which regress now calls ambiguous) exits 1 and names a slowed row.
 """
 import json
 import math
+import re
 import shutil
 import subprocess
 import sys
@@ -106,7 +107,9 @@ def test_planted_slowdown_through_against_exits_1(ab_setup):
                            str(base), str(scenario), "--device", "cpu", "--out-dir", str(out)],
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 1, proc.stdout + proc.stderr
-    assert "SLOWER: ddtree ar [torch]" in proc.stderr
+    # both rows run the slowed attention; on a noisy box one of them can read ambiguous (its own rounds disagree
+    # as much, as the AR row did in an s10 CI run while ddtree read +14 %), so either named SLOWER is the detection
+    assert re.search(r"SLOWER: ddtree (ar|ddtree\(B=8\)) \[torch\]", proc.stderr), proc.stderr
     html = (out / "compare.html").read_text()
     assert "REGRESSION OR FAILURE" in html
 
