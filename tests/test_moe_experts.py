@@ -35,13 +35,18 @@ def _case(rows, routing="uniform", dtype="float32", hidden=72, inter=40, experts
     return _Case(shapes.MoeExpertsShape(rows, hidden, inter, experts, topk, routing), dtype)
 
 
+def _hot_slots(rng: np.random.Generator, E: int, S: int) -> np.ndarray:
+    """[S] expert of each slot: 60 % on 3 hot experts, the rest uniform, so several experts stay empty."""
+    hot = rng.integers(0, E, size=3)
+    return np.where(rng.random(S) < 0.6, rng.choice(hot, S), rng.integers(0, E, S))
+
+
 @pytest.mark.parametrize("seed", [3, 11, 29])
 @pytest.mark.parametrize("bm", [1, 4, 16])
 def test_block_plan_covers_every_slot_once_with_its_expert(seed, bm):
     rng = np.random.default_rng(seed)
     E, S = int(rng.integers(2, 40)), int(rng.integers(1, 300))
-    hot = rng.integers(0, E, size=3)                         # a few hot experts, several empty ones
-    flat = np.where(rng.random(S) < 0.6, rng.choice(hot, S), rng.integers(0, E, S))
+    flat = _hot_slots(rng, E, S)
     plan = moe_plan.block_plan(torch.from_numpy(flat), E, bm)
     order = plan.order.numpy()
     assert sorted(order.tolist()) == list(range(S)) and (np.diff(flat[order]) >= 0).all()
@@ -329,8 +334,7 @@ def test_the_one_launch_plan_equals_the_torch_plan_bit_for_bit(seed):
     if seed == 1:
         E, S = moe_plan_triton.PLAN_MAX_EXPERTS, moe_plan_triton.PLAN_MAX_SLOTS   # both limits
     bm, k = int(rng.choice([1, 3, 16, 32])), int(rng.integers(1, 10))
-    hot = rng.integers(0, E, size=3)
-    flat = torch.from_numpy(np.where(rng.random(S) < 0.6, rng.choice(hot, S), rng.integers(0, E, S))).cuda()
+    flat = torch.from_numpy(_hot_slots(rng, E, S)).cuda()
     want = moe_plan.block_plan(flat, E, bm)
     got, token = moe_plan_triton.block_plan(flat, E, bm, k)
     for name, a, b in zip(want._fields, got, want):

@@ -13,6 +13,7 @@ from kdbench.backends import registry
 from kdbench.references.model_config import ModelConfig
 
 from . import invariant
+from .moe_plan import shared_fits
 
 # "auto" or X for each registry entry moe_X of the moe_experts family (grouped, loop, triton, flashinfer)
 DISPATCH_MODES = registry.moe_dispatch_modes()
@@ -156,13 +157,6 @@ def _triton_runs(device: torch.device) -> bool:
     return registry.available("moe_triton", "cuda")[0] and torch.cuda.get_device_capability(device) >= (8, 0)
 
 
-def fusable_shared(shared: tuple | None, experts: tuple) -> bool:
-    """The shared expert can run as one more expert of the Triton launches: one routed expert's shape, dtype and
-    layout for each of w1 / w2 / w3."""
-    return shared is not None and all(s.shape == w.shape[1:] and s.dtype == w.dtype and s.is_contiguous()
-                                      for s, w in zip(shared, experts))
-
-
 def experts_op(dispatch: str, x: torch.Tensor, w1: torch.Tensor):
     """The routed-experts function of a dispatch mode (auto: resolve_dispatch). ValueError naming the reason when
     the mode's backend cannot run here."""
@@ -210,7 +204,7 @@ def moe_forward(w: dict, cfg: ModelConfig, layer: int, x: torch.Tensor, dispatch
     if invariant_mode:
         y = invariant.experts(x, idx, weights, *experts)
         return y if shared is None else y + invariant.swiglu(x, *shared)
-    if getattr(op, "fuses_shared", False) and fusable_shared(shared, experts):
+    if shared is not None and getattr(op, "fuses_shared", False) and shared_fits(shared, experts):
         return op(x, idx, weights, *experts, shared=shared)   # one expert wide: runs in the experts' launches
     y = op(x, idx, weights, *experts)
     return y if shared is None else y + swiglu(x, *shared)

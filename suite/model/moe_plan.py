@@ -52,6 +52,12 @@ def with_shared(idx: torch.Tensor, weights: torch.Tensor, n_experts: int) -> tup
     return torch.cat([idx, sh], 1), torch.cat([weights, torch.ones_like(weights[:, :1])], 1)
 
 
+def shared_fits(shared: tuple, experts: tuple) -> bool:
+    """The shared expert (w1, w2, w3) can run as expert E of the routed launches: each is one routed expert's shape,
+    dtype and layout (experts: the stacked w1 [E, mi, d], w2 [E, d, mi], w3 [E, mi, d])."""
+    return all(s.shape == w.shape[1:] and s.dtype == w.dtype and s.is_contiguous() for s, w in zip(shared, experts))
+
+
 def emulate(x: torch.Tensor, idx: torch.Tensor, weights: torch.Tensor, w1, w2, w3, bm: int,
             shared: tuple | None = None) -> torch.Tensor:
     """What the Triton kernels compute, block by block from the plan, in torch (host loop; CPU tests and

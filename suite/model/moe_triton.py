@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 
 from . import moe_plan_triton
-from .moe_plan import block_plan, with_shared
+from .moe_plan import block_plan, shared_fits, with_shared
 from .triton_base import AVAILABLE, IMPORT_ERROR, plan_block, tl, triton  # noqa: F401 (re-exported)
 from .triton_base import jit as _jit
 
@@ -120,8 +120,7 @@ def _check(x, w1, w2, w3, shared) -> None:
         raise ValueError(f"triton experts: need bf16/fp16 activations and weights, got {x.dtype}, {w1.dtype}")
     if not all(w.is_contiguous() for w in (w1, w2, w3)):
         raise ValueError("triton experts: expert weights must be contiguous [E, mi, d] / [E, d, mi]")
-    if shared is not None and not all(s.shape == w.shape[1:] and s.dtype == w.dtype and s.is_contiguous()
-                                      for s, w in zip(shared, (w1, w2, w3))):
+    if shared is not None and not shared_fits(shared, (w1, w2, w3)):
         raise ValueError("triton experts: the shared expert must be one routed expert's shape, dtype and layout, "
                          f"got {[tuple(s.shape) for s in shared]} for experts {tuple(w1.shape)}")
 
