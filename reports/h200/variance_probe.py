@@ -1,0 +1,71 @@
+"""Why floor-b8-grouped's greedy DDTree left AR (plans/0003, the red row of s10): how far one request's logits
+move when the same tokens are computed among other rows, per MoE dispatch, on kimi-k2-slice-2 (bf16, random
+weights, the tree_verify_mla attention as in the e2e cases).
+
+1. Whole forward (suite/model/invariant_check.py): the probe request decoded by AR alone (M = 1) against AR among
+   8 requests (M = 8) and verified as a chain inside random trees of 8 x 65 rows (M = 520). The max |logit
+   difference| is what a greedy comparison of AR and DDTree can meet; the e2e verdict excuses a divergence only
+   where AR's top-2 gap is below 0.25.
+2. The MoE layer alone: the first 8 of 520 random rows computed in a call of 8 rows and in the call of all 520,
+   per dispatch (the same experts are picked: routing is per row) -> max |difference| / rms of the output.
+3. The logits' scale: std and the median and 10th percentile of the top-1 minus top-2 gap of AR alone's logits.
+Writes OUT/variance_probe.json. Usage (GPU machine, repo root): python3 reports/h200/variance_probe.py OUT_DIR [--cpu-dry-run]."""
+from __future__ import annotations
+
+import json
+import sys
+import time
+
+import torch
+
+from kdbench.engine.engine import target_from_preset
+from kdbench.model import moe as tmoe
+from kdbench.model.invariant_check import Probe, ar_decode, check_forward
+from kdbench.model.transformer import Transformer
+
+DISPATCHES = ("grouped", "triton")
+
+
+def moe_layer_shift(model: Transformer, dispatch: str, n_small: int = 8, n_big: int = 520) -> dict:
+    """Rows 0..n_small-1 of one random batch, computed in a call of n_small rows and in the call of n_big."""
+    cfg, w, dev = model.cfg, model.w, model.device
+    layer = next(i for i in range(cfg.n_layers) if cfg.is_moe_layer(i))
+    g = torch.Generator(device=dev).manual_seed(7)
+    x = torch.randn(n_big, cfg.hidden, device=dev, generator=g).to(model.dtype)
+    big = tmoe.moe_forward(w, cfg, layer, x, dispatch)[:n_small].double()
+    small = tmoe.moe_forward(w, cfg, layer, x[:n_small].clone(), dispatch).double()
+    rms = float(big.pow(2).mean().sqrt())
+    return {"rows_small": n_small, "rows_big": n_big, "bitwise_equal": bool(torch.equal(big, small)),
+            "max_abs_diff": float((big - small).abs().max()), "rms": rms,
+            "max_abs_diff_over_rms": float((big - small).abs().max()) / rms}
+
+
+def logit_scale(model: Transformer) -> dict:
+    logits, _ = ar_decode(model, 1, Probe(), 0, torch.Generator().manual_seed(1))
+    top2 = logits.float().topk(2, dim=-1).values
+    gap = (top2[:, 0] - top2[:, 1]).cpu()
+    return {"std": float(logits.float().std()), "top2_gap_median": float(gap.median()),
+            "top2_gap_min": float(gap.min()), "positions": int(gap.numel())}
+
+
+def main(out_dir: str, cpu_dry_run: bool) -> None:
+    """cpu_dry_run: the code paths on the tiny preset in float32 (torch attention, grouped and loop dispatch)."""
+    t0 = time.time()
+    preset, dev, dtype, attn, dispatches = (("tiny", "cpu", torch.float32, "torch", ("grouped", "loop")) if cpu_dry_run
+                                            else ("kimi-k2-slice-2", "cuda", torch.bfloat16, "cuda", DISPATCHES))
+    base = target_from_preset(preset, 29, device=dev, dtype=dtype)
+    report = {"init_s": time.time() - t0, "model": preset, "seed": 29, "dispatch": {}}
+    with torch.no_grad():
+        for d in dispatches:
+            m = Transformer(base.cfg, base.w, attn=attn, moe_dispatch=d)
+            rec = {"forward_vs_ar_alone": check_forward(m, ar_batches=(8,), verify_shapes=((8, 65),)),
+                   "moe_layer": moe_layer_shift(m, d), "logits": logit_scale(m)}
+            report["dispatch"][d] = rec
+            print(d, json.dumps(rec, indent=1), flush=True)
+    report["total_s"] = time.time() - t0
+    with open(f"{out_dir}/variance_probe.json", "w") as f:
+        json.dump(report, f, indent=1)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], "--cpu-dry-run" in sys.argv[2:])
