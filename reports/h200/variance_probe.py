@@ -8,7 +8,11 @@ weights, the tree_verify_mla attention as in the e2e cases).
    where AR's top-2 gap is below 0.25.
 2. The MoE layer alone: the first 8 of 520 random rows computed in a call of 8 rows and in the call of all 520,
    per dispatch (the same experts are picked: routing is per row) -> max |difference| / rms of the output.
-3. The logits' scale: std and the median and 10th percentile of the top-1 minus top-2 gap of AR alone's logits.
+3. The logits' scale: std and the median and smallest top-1 minus top-2 gap of AR alone's logits.
+4. At a real prompt of 1024 random tokens (the e2e cases' prompt length), one request: the logits after each of 5
+   prefixes by the three paths a verdict can see: AR's (prefill, then one decode row per token, `attn`), the
+   verdict's prefill recomputation (generation.next_logits: one causal prefill on the torch attention) and a
+   verify of the 4 continuation tokens as a chain (`attn`) -> max |difference| against AR's path, per prefix.
 Writes OUT/variance_probe.json. Usage (GPU machine, repo root): python3 reports/h200/variance_probe.py OUT_DIR [--cpu-dry-run]."""
 from __future__ import annotations
 
@@ -19,6 +23,7 @@ import time
 import torch
 
 from kdbench.engine.engine import target_from_preset
+from kdbench.kinds.generation import next_logits
 from kdbench.model import moe as tmoe
 from kdbench.model.invariant_check import Probe, ar_decode, check_forward
 from kdbench.model.transformer import Transformer
@@ -48,6 +53,38 @@ def logit_scale(model: Transformer) -> dict:
             "top2_gap_min": float(gap.min()), "positions": int(gap.numel())}
 
 
+def three_paths(model: Transformer, attn: str, n: int = 1024, depth: int = 4) -> dict:
+    """Max |logit difference| of the prefill recomputation and of a chain verify against AR's own path, after
+    prefixes of n .. n + depth tokens (the chain covers n + 1 ..)."""
+    dev, V = model.device, model.cfg.vocab_size
+    toks = torch.randint(0, V, (n + depth,), generator=torch.Generator().manual_seed(11)).to(dev)
+    zero = torch.zeros(1, dtype=torch.int32, device=dev)
+
+    def prefilled():
+        cache = model.new_cache(1, n + depth + 2)
+        out = model.forward(toks[None, :n], torch.arange(n, device=dev)[None], cache, zero, kv_limit=n,
+                            logit_rows=torch.full((1,), n - 1, dtype=torch.int32, device=dev), attn="torch")
+        cache.lengths.fill_(n)
+        return cache, out.logits[0, 0]
+
+    cache, first = prefilled()
+    ar = [first]
+    for k in range(depth):                                       # decode rows n .. n + depth - 1
+        lens = cache.lengths.clone()
+        ar.append(model.forward(toks[None, n + k:n + k + 1], lens.long()[:, None], cache, lens, attn=attn).logits[0, 0])
+        cache.lengths += 1
+    cache, _ = prefilled()
+    bits = torch.tensor([(1 << (j + 1)) - 1 for j in range(depth)], dtype=torch.int64, device=dev)
+    pos = torch.arange(n, n + depth, device=dev)[None]
+    chain = model.forward(toks[None, n:], pos, cache, cache.lengths.clone(), bits.view(1, depth, 1), attn=attn).logits[0]
+    out = {"prefix_lens": list(range(n, n + depth + 1)), "prefill_vs_ar": [], "chain_vs_ar": [None]}
+    for m, a in enumerate(ar):
+        out["prefill_vs_ar"].append(float((next_logits(model, toks[:n + m].tolist()).double() - a.double()).abs().max()))
+        if m:
+            out["chain_vs_ar"].append(float((chain[m - 1].double() - a.double()).abs().max()))
+    return out
+
+
 def main(out_dir: str, cpu_dry_run: bool) -> None:
     """cpu_dry_run: the code paths on the tiny preset in float32 (torch attention, grouped and loop dispatch)."""
     t0 = time.time()
@@ -59,7 +96,8 @@ def main(out_dir: str, cpu_dry_run: bool) -> None:
         for d in dispatches:
             m = Transformer(base.cfg, base.w, attn=attn, moe_dispatch=d)
             rec = {"forward_vs_ar_alone": check_forward(m, ar_batches=(8,), verify_shapes=((8, 65),)),
-                   "moe_layer": moe_layer_shift(m, d), "logits": logit_scale(m)}
+                   "moe_layer": moe_layer_shift(m, d), "logits": logit_scale(m),
+                   "three_paths_1024": three_paths(m, attn, n=64 if cpu_dry_run else 1024)}
             report["dispatch"][d] = rec
             print(d, json.dumps(rec, indent=1), flush=True)
     report["total_s"] = time.time() - t0

@@ -33,7 +33,8 @@ def run(case, ctx) -> Iterator[Record]:
         rec.extra["tau_per_prompt"] = tau_p
         rec.extra["tau_per_category"] = gen.by_category(tau_p, gen.prompt_categories(s))
         if s.temperature == 0:
-            rec.lossless, bug = gen.losslessness(model, all_prompts, ar, spec)
+            rerun = gen.batch_rerun(model, make, all_prompts, s, policy, backend, case.seed)
+            rec.lossless, bug = gen.losslessness(model, all_prompts, ar, spec, rerun)
             rec.status = "fail" if bug else ("pass" if rec.lossless == "yes" else "info")
             if rec.lossless != "yes":
                 rec.reason = f"greedy speculative output differs from AR: {rec.lossless}"

@@ -52,9 +52,10 @@ def _run_backend(case, ctx, backend: str) -> Iterator[Record]:
     if mode == "graph":
         _eager_beside(ar_rec, rec, case, ctx, backend, eager, policy.label)
     if s.temperature == 0:
-        _check_lossless(rec, model, all_prompts, ar[0], spec[0])
+        rerun = gen.batch_rerun(model, make, all_prompts, s, policy, backend, case.seed)
+        _check_lossless(rec, model, all_prompts, ar[0], spec[0], rerun)
         if mode == "graph":
-            rec.extra["eager_lossless"] = gen.losslessness(model, all_prompts, eager[0][0], eager[1][0])[0]
+            rec.extra["eager_lossless"] = gen.losslessness(model, all_prompts, eager[0][0], eager[1][0], rerun)[0]
     gen.note_attention(ar_rec, ar[0])
     gen.note_attention(rec, spec[0])
     if s.forward_floor:
@@ -129,8 +130,8 @@ def _eager_beside(ar_rec: Record, rec: Record, case, ctx, backend: str, eager, l
     rec.extra["eager_speedup_vs_ar"] = e_spec.tokens_per_s / e_ar.tokens_per_s
 
 
-def _check_lossless(rec: Record, model, all_prompts, ar, spec) -> None:
-    rec.lossless, bug = gen.losslessness(model, all_prompts, ar, spec)
+def _check_lossless(rec: Record, model, all_prompts, ar, spec, rerun) -> None:
+    rec.lossless, bug = gen.losslessness(model, all_prompts, ar, spec, rerun)
     if rec.lossless != "yes":
         rec.status = "fail" if bug else "info"
         rec.reason = f"greedy speculative output differs from AR: {rec.lossless}"

@@ -13,6 +13,7 @@ from kdbench.config import derive_seed
 from kdbench.engine.engine import generate, target_from_preset
 from kdbench.engine.records import GenerateResult
 from kdbench.engine.stages import Policy
+from kdbench.kinds.divergence import own_gaps
 from kdbench.model.drafter import BlockDrafter
 from kdbench.model.synthetic import SyntheticDrafter
 from kdbench.prompts import token_prompts
@@ -98,12 +99,26 @@ def run_batched(model, make_drafter, all_prompts, s, policy: Policy, backend: st
     """run (default generate(); or a function with its arguments: engine/graph_run.generate_graphed) over the prompts
     in batches of s.batch (one GenerateResult per batch); make_drafter(first, last) builds the drafter for
     prompts[first:last] (None for AR)."""
-    out, run = [], run or generate
-    for i in range(0, len(all_prompts), s.batch):
-        chunk = all_prompts[i:i + s.batch]
-        drafter = make_drafter(i, i + len(chunk)) if make_drafter else None
-        out.append(run(model, drafter, chunk, s.max_new_tokens, policy, s.temperature, seed + i, backend))
-    return out
+    return [_run_chunk(model, make_drafter, all_prompts, i, s, policy, backend, seed, run or generate)
+            for i in range(0, len(all_prompts), s.batch)]
+
+
+def _run_chunk(model, make_drafter, all_prompts, first: int, s, policy: Policy, backend: str, seed: int, run
+               ) -> GenerateResult:
+    chunk = all_prompts[first:first + s.batch]
+    drafter = make_drafter(first, first + len(chunk)) if make_drafter else None
+    return run(model, drafter, chunk, s.max_new_tokens, policy, s.temperature, seed + first, backend)
+
+
+def batch_rerun(model, make_drafter, all_prompts, s, policy: Policy, backend: str, seed: int):
+    """A function i -> (row of prompt i in its batch, () -> AR's eager run of that batch, () -> the policy's):
+    what losslessness() re-runs under a logit tap to measure a divergence on the arms' own forwards."""
+    def at(i: int):
+        first = i // s.batch * s.batch
+        return (i - first,
+                lambda: _run_chunk(model, None, all_prompts, first, s, Policy(kind="ar"), backend, seed, generate),
+                lambda: _run_chunk(model, make_drafter, all_prompts, first, s, policy, backend, seed, generate))
+    return at
 
 
 def policy_of(s) -> Policy:
@@ -175,23 +190,38 @@ def first_divergence(ar: list[GenerateResult], spec: list[GenerateResult]) -> tu
     return None
 
 
-def losslessness(model, all_prompts, ar, spec) -> tuple[str, bool]:
-    """(verdict text, is_bug). A divergence is classified by the AR logit gap between AR's token and the
-    speculative one at that position, recomputed by one prefill of prompt + AR tokens: below NEAR_TIE_LOGIT
-    it is a near-tie that rounding in different kernels / GEMM shapes can flip (not a bug); the threshold
-    depends on the model dtype (NEAR_TIE_LOGIT), 0 for float64. A batch-invariant target has no excuse in
-    any dtype: AR and verify compute every row bit for bit alike, so any divergence is a MISMATCH."""
+def losslessness(model, all_prompts, ar, spec, rerun=None) -> tuple[str, bool]:
+    """(verdict text, is_bug). With `rerun` (batch_rerun's function) a divergence is measured on the arms' own
+    forwards (divergence.py): the shift = AR's gap logit[a] - logit[b] minus the speculative arm's, at the
+    divergent prediction; below NEAR_TIE_LOGIT of the model dtype it is rounding between forward shapes (a
+    near-tie, not a bug). Without it (or when the re-run does not reproduce the divergence) the AR logit gap is
+    recomputed by one prefill of prompt + AR tokens, whose own rounding is part of the figure. A batch-invariant
+    target has no excuse in any dtype: AR and verify compute every row bit for bit alike."""
     where = first_divergence(ar, spec)
     if where is None:
         return "yes", False
     i, pos = where
     ar_tok = [t for r in ar for t in r.tokens][i]
     sp_tok = [t for r in spec for t in r.tokens][i]
-    gap, margin = logit_gap(model, all_prompts[i] + ar_tok[:pos], ar_tok[pos], sp_tok[pos])
     excuse = 0.0 if getattr(model, "batch_invariant", False) else NEAR_TIE_LOGIT.get(model.dtype, 0.0)
+    at = f"prompt {i}, position {pos}"
+    if rerun is not None:
+        row, run_ar, run_spec = rerun(i)
+        g_ar, g_sp, same = own_gaps(model, all_prompts[i], row, pos, ar_tok, ar_tok[pos], sp_tok[pos], run_ar, run_spec)
+        if same and g_ar is not None and g_sp is not None:
+            shift = g_ar.gap - g_sp.gap
+            kind = "near-tie" if abs(shift) < excuse else "MISMATCH"
+            why = "".join(f"; router margin {g.margin[0]:.3g} at layer {g.margin[1]} ({arm})"
+                          for g, arm in ((g_ar, "AR"), (g_sp, "speculative")) if g.margin)
+            return (f"no: {kind} ({at}, own logit gaps: AR {g_ar.gap:+.4g}, speculative {g_sp.gap:+.4g}, "
+                    f"shift {shift:.4g} vs excuse {excuse:g}{why})", kind == "MISMATCH")
+        note = "; the eager re-run " + ("found no row on the committed path" if same else "did not reproduce it")
+    else:
+        note = ""
+    gap, margin = logit_gap(model, all_prompts[i] + ar_tok[:pos], ar_tok[pos], sp_tok[pos])
     kind = "near-tie" if abs(gap) < excuse else "MISMATCH"
     why = f"; router margin {margin[0]:.3g} at layer {margin[1]}" if margin else ""
-    return f"no: {kind} (prompt {i}, position {pos}, AR logit gap {gap:.4g}{why})", kind == "MISMATCH"
+    return f"no: {kind} ({at}, AR logit gap {gap:.4g} by prefill{why}{note})", kind == "MISMATCH"
 
 
 def logit_gap(model, prefix: list[int], a: int, b: int) -> tuple[float, tuple[float, int] | None]:

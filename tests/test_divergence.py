@@ -1,0 +1,120 @@
+"""A greedy divergence is measured on the arms' own forwards (suite/kinds/divergence.py): the logit tap finds the
+committed row of an AR decode and of a tree verify, and losslessness() classifies a real, re-run divergence by
+the shift between the two arms' own gaps. CPU, tiny float64 target."""
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from kdbench.engine.engine import generate, target_from_preset
+from kdbench.engine.stages import Policy
+from kdbench.kinds import generation as gen
+from kdbench.kinds.divergence import LogitTap, own_gaps
+from kdbench.model.synthetic import SyntheticDrafter
+
+PROMPTS = [[1, 2, 3, 4], [5, 6, 7], [9, 8, 7, 6, 5]]
+MAX_NEW, DEPTH = 8, 3
+
+
+@pytest.fixture(scope="module")
+def world():
+    model = target_from_preset("tiny", seed=5, device="cpu", dtype=torch.float64)
+    ar = generate(model, None, PROMPTS, MAX_NEW, Policy(kind="ar"))
+    oracle = [p + t for p, t in zip(PROMPTS, ar.tokens)]
+    V = model.cfg.vocab_size
+    make = lambda first, last: SyntheticDrafter(oracle[first:last], V, depth=DEPTH, quality=0.9,  # noqa: E731
+                                                rank_probs=(0.7, 0.3), seed=3 + first)
+    return model, ar, make
+
+
+def _runner_up(model, prefix, a):
+    top = torch.topk(gen.next_logits(model, prefix).double(), 2)
+    return int(top.indices[1] if int(top.indices[0]) == a else top.indices[0])
+
+
+def test_tap_reads_the_committed_row_of_ar_decode_and_of_the_verify(world):
+    """The tap's gap in an AR re-run and in a DDTree re-run equals the prefill's (float64: one value), and it
+    picks no row off the committed path (a wrong path's row would give another prediction's logits)."""
+    model, ar, make = world
+    row, p = 1, 4
+    a = ar.tokens[row][p]
+    b = _runner_up(model, PROMPTS[row] + ar.tokens[row][:p], a)
+    want = float(gen.next_logits(model, PROMPTS[row] + ar.tokens[row][:p]).double()[[a, b]].diff().neg())
+    seq = PROMPTS[row] + ar.tokens[row][:p]
+    with LogitTap(model, row, len(seq) - 1, seq, a, b) as tap_ar:
+        generate(model, None, PROMPTS, MAX_NEW, Policy(kind="ar"))
+    with LogitTap(model, row, len(seq) - 1, seq, a, b) as tap_sp:
+        spec = generate(model, make(0, 3), PROMPTS, MAX_NEW, Policy(kind="ddtree", budget=8))
+    assert spec.tokens == ar.tokens and "forward" not in vars(model), "the tap leaves the model as it was"
+    assert tap_ar.found.gap == pytest.approx(want, abs=1e-9) and tap_sp.found.gap == pytest.approx(want, abs=1e-9)
+    assert want > 0 and tap_ar.found.margin is not None, "the tiny preset has an MoE layer: its margin is logged"
+
+
+class _VerifyBias:
+    """Installs on a model a forward that adds `delta` to token b's logit in every tree verify (anc given) of
+    request row `row`: a planted bug of the verify path, which AR decode never sees."""
+
+    def __init__(self, model, row, b, delta):
+        self.model, inner = model, model.forward
+
+        def forward(tokens, positions, cache, past_lens, anc=None, **kw):
+            out = inner(tokens, positions, cache, past_lens, anc, **kw)
+            if anc is not None:
+                out.logits[row, :, b] += delta
+            return out
+        model.forward = forward
+
+    def remove(self):
+        del self.model.forward
+
+
+@pytest.mark.parametrize("delta_over_gap, excuse, kind", [(50.0, 0.0, "MISMATCH"), (1.5, None, "near-tie")])
+def test_a_rerun_divergence_is_classified_by_the_shift_of_own_gaps(world, monkeypatch, delta_over_gap, excuse, kind):
+    """A verify biased toward AR's runner-up diverges for real; the re-run reproduces it and the verdict quotes
+    both own gaps and their shift (= the bias): above the excuse a MISMATCH, below it (patched) a near-tie."""
+    model, ar, make = world
+    row, p = 2, 3
+    a = ar.tokens[row][p]
+    b = _runner_up(model, PROMPTS[row] + ar.tokens[row][:p], a)
+    gap = float(gen.next_logits(model, PROMPTS[row] + ar.tokens[row][:p]).double()[[a, b]].diff().neg())
+    delta = delta_over_gap * gap
+    if excuse is None:
+        excuse = 2 * delta
+    monkeypatch.setitem(gen.NEAR_TIE_LOGIT, torch.float64, excuse)
+    bias = _VerifyBias(model, row, b, delta)
+    try:
+        s = SimpleNamespace(batch=3, max_new_tokens=MAX_NEW, temperature=0.0)
+        policy = Policy(kind="ddtree", budget=8)
+        spec = gen.run_batched(model, make, PROMPTS, s, policy, "torch", 0)
+        where = gen.first_divergence([ar], spec)
+        assert where is not None and where[0] == row and where[1] <= p, "the planted bias must move the output"
+        rerun = gen.batch_rerun(model, make, PROMPTS, s, policy, "torch", 0)
+        verdict, bug = gen.losslessness(model, PROMPTS, [ar], spec, rerun)
+    finally:
+        bias.remove()
+    assert verdict.startswith(f"no: {kind} (prompt {row}, position {where[1]}, own logit gaps: AR +"), verdict
+    assert bug == (kind == "MISMATCH") and "speculative -" in verdict and "router margin" in verdict
+    shift = float(verdict.split("shift ")[1].split(" ")[0])
+    assert shift > 0 and (shift >= excuse) == (kind == "MISMATCH")
+
+
+def test_a_rerun_that_does_not_reproduce_falls_back_to_the_prefill_gap(world):
+    """A planted output (no real divergence) is not reproduced by the re-run: the verdict says so and uses the
+    prefill's AR logit gap, as before."""
+    model, ar, make = world
+    worst = int(gen.next_logits(model, PROMPTS[1] + ar.tokens[1][:2]).argmin())
+    planted = [type(ar)(tokens=[ar.tokens[0], ar.tokens[1][:2] + [worst] + ar.tokens[1][3:], ar.tokens[2]])]
+    s = SimpleNamespace(batch=3, max_new_tokens=MAX_NEW, temperature=0.0)
+    rerun = gen.batch_rerun(model, make, PROMPTS, s, Policy(kind="ddtree", budget=8), "torch", 0)
+    verdict, bug = gen.losslessness(model, PROMPTS, [ar], planted, rerun)
+    assert bug and "AR logit gap" in verdict and "by prefill" in verdict and "did not reproduce" in verdict, verdict
+
+
+def test_own_gaps_returns_none_where_no_row_matches(world):
+    """A committed sequence no forward holds (a token AR never saw) gives no gap rather than another row's."""
+    model, ar, make = world
+    bogus = [t + 1 for t in ar.tokens[0]]
+    g_ar, g_sp, same = own_gaps(model, PROMPTS[0], 0, 3, bogus, bogus[3], 0,
+                                lambda: generate(model, None, PROMPTS, MAX_NEW, Policy(kind="ar")),
+                                lambda: generate(model, make(0, 3), PROMPTS, MAX_NEW, Policy(kind="ddtree", budget=8)))
+    assert g_ar is None and g_sp is None and not same
