@@ -9,7 +9,7 @@ import torch
 from kdbench.engine.engine import generate, target_from_preset
 from kdbench.engine.stages import Policy
 from kdbench.kinds import generation as gen
-from kdbench.kinds.divergence import LogitTap, own_gaps
+from kdbench.kinds.divergence import LogitTap, own_gaps, routing_flips
 from kdbench.model.synthetic import SyntheticDrafter
 
 PROMPTS = [[1, 2, 3, 4], [5, 6, 7], [9, 8, 7, 6, 5]]
@@ -47,19 +47,30 @@ def test_tap_reads_the_committed_row_of_ar_decode_and_of_the_verify(world):
         spec = generate(model, make(0, 3), PROMPTS, MAX_NEW, Policy(kind="ddtree", budget=8))
     assert spec.tokens == ar.tokens and "forward" not in vars(model), "the tap leaves the model as it was"
     assert tap_ar.found.gap == pytest.approx(want, abs=1e-9) and tap_sp.found.gap == pytest.approx(want, abs=1e-9)
-    assert want > 0 and tap_ar.found.margin is not None, "the tiny preset has an MoE layer: its margin is logged"
+    assert want > 0 and tap_ar.found.margins and tap_ar.found.experts, "the tiny preset has an MoE layer: logged"
+    assert tap_ar.found.experts == tap_sp.found.experts and routing_flips(tap_ar.found, tap_sp.found) == []
 
 
 class _VerifyBias:
-    """Installs on a model a forward that adds `delta` to token b's logit in every tree verify (anc given) of
-    request row `row`: a planted bug of the verify path, which AR decode never sees."""
+    """Installs on a model a forward that, in every tree verify (anc given), adds `delta` to token b's logit of
+    request row `row` or (router=True) `delta` to expert `b`'s router bias in every MoE layer: planted bugs of
+    the verify path, which AR decode never sees."""
 
-    def __init__(self, model, row, b, delta):
+    def __init__(self, model, row, b, delta, router=False):
         self.model, inner = model, model.forward
+        names = [f"layers.{i}.gate_bias" for i in range(model.cfg.n_layers) if model.cfg.is_moe_layer(i)]
 
         def forward(tokens, positions, cache, past_lens, anc=None, **kw):
-            out = inner(tokens, positions, cache, past_lens, anc, **kw)
-            if anc is not None:
+            if anc is not None and router:
+                for n in names:
+                    model.w[n][b] += delta
+            try:
+                out = inner(tokens, positions, cache, past_lens, anc, **kw)
+            finally:
+                if anc is not None and router:
+                    for n in names:
+                        model.w[n][b] -= delta
+            if anc is not None and not router:
                 out.logits[row, :, b] += delta
             return out
         model.forward = forward
@@ -93,7 +104,7 @@ def test_a_rerun_divergence_is_classified_by_the_shift_of_own_gaps(world, monkey
     finally:
         bias.remove()
     assert verdict.startswith(f"no: {kind} (prompt {row}, position {where[1]}, own logit gaps: AR +"), verdict
-    assert bug == (kind == "MISMATCH") and "speculative -" in verdict and "router margin" in verdict
+    assert bug == (kind == "MISMATCH") and "speculative -" in verdict and "same experts at every MoE layer" in verdict
     shift = float(verdict.split("shift ")[1].split(" ")[0])
     assert shift > 0 and (shift >= excuse) == (kind == "MISMATCH")
 
@@ -118,3 +129,25 @@ def test_own_gaps_returns_none_where_no_row_matches(world):
                                 lambda: generate(model, None, PROMPTS, MAX_NEW, Policy(kind="ar")),
                                 lambda: generate(model, make(0, 3), PROMPTS, MAX_NEW, Policy(kind="ddtree", budget=8)))
     assert g_ar is None and g_sp is None and not same
+
+
+@pytest.mark.parametrize("router_excuse, kind", [(0.0, "MISMATCH"), (10.0, "routing flip")])
+def test_other_experts_in_the_verify_read_as_a_routing_flip_below_the_router_excuse(world, monkeypatch,
+                                                                                    router_excuse, kind):
+    """A verify whose router prefers one more expert routes the divergent row elsewhere: the verdict names the
+    layer and margin; it is a routing flip (not a bug) only while that margin is below the dtype's router excuse."""
+    model, ar, make = world
+    monkeypatch.setitem(gen.ROUTER_EXCUSE, torch.float64, router_excuse)
+    bias = _VerifyBias(model, 0, 0, 5.0, router=True)
+    try:
+        s = SimpleNamespace(batch=3, max_new_tokens=MAX_NEW, temperature=0.0)
+        policy = Policy(kind="ddtree", budget=8)
+        spec = gen.run_batched(model, make, PROMPTS, s, policy, "torch", 0)
+        assert gen.first_divergence([ar], spec) is not None, "the planted routing must move the output"
+        verdict, bug = gen.losslessness(model, PROMPTS, [ar], spec, gen.batch_rerun(model, make, PROMPTS, s, policy,
+                                                                                    "torch", 0))
+    finally:
+        bias.remove()
+    layer = next(i for i in range(model.cfg.n_layers) if model.cfg.is_moe_layer(i))
+    assert verdict.startswith(f"no: {kind} (") and f"other experts at layer {layer} (margin" in verdict, verdict
+    assert bug == (kind == "MISMATCH")

@@ -390,3 +390,21 @@ def test_routing_ties_through_the_triton_dispatch_match_the_reference_layer(n_gr
     want = ref_moe.moe_forward(wb, cfg, 1, x.double().cpu().numpy())
     got = tmoe.moe_forward(w, cfg, 1, x, dispatch="triton").double().cpu().numpy()
     assert np.linalg.norm(got - want) / np.linalg.norm(want) < 1e-2
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (the half-input GEMM with float32 output)")
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("rows", [1, 7, 520])
+def test_gate_logits_on_the_gpu_are_the_float32_matmul_of_the_half_inputs(dtype, rows):
+    """One GEMM of the half inputs with float32 output (no float32 weight copy): float32 values within float32
+    summation error of the float64 dot product of the same half values, on fresh inputs with ties in the weight."""
+    g = torch.Generator(device="cuda").manual_seed(rows)
+    x = torch.randn(rows, 7168, generator=g, device="cuda").to(dtype)
+    w = (torch.randn(384, 7168, generator=g, device="cuda") * 7168 ** -0.5).to(dtype)
+    w[1] = w[0]                                                       # two experts with equal logits
+    got = tmoe.gate_logits(x, w)
+    want = x.double() @ w.double().T
+    assert got.dtype == torch.float32 and torch.equal(got[:, 0], got[:, 1])
+    err = float((got.double() - want).abs().max() / want.abs().max())
+    assert err < 2e-6, err

@@ -2,13 +2,18 @@
 
 When speculative output leaves AR at (prompt i, position p), AR picked token a and the speculative run token b
 from logits of the same prefix computed by two different forwards: AR's decode row and the verify row on the
-committed path. Both arms of the prompt's batch are run again eagerly with a tap on model.forward that keeps
-logit[a] - logit[b] of that prediction in each arm (the row at absolute position len(prompt) + p - 1 whose own
-token and every ancestor's token are the committed ones). Their difference, shift = gap_ar - gap_spec >= 0, is
-how far the two forwards disagree about that pair of logits: rounding between GEMM and attention shapes moves
-bf16 logits by ~0.03 on kimi-k2-slice-2 (reports/h200/variance_probe.py), so a shift above the dtype's excuse
-is not rounding. A recomputation by a third path (one prefill) cannot tell this: its own rounding is part of
-what it measures (s10's floor-b8 read -0.20 at a divergence AR and DDTree had both made)."""
+committed path. Both arms of the prompt's batch are run again eagerly with a tap on model.forward that keeps,
+for that prediction in each arm (the row at absolute position len(prompt) + p - 1 whose own token and every
+ancestor's token are the committed ones), logit[a] - logit[b], and per MoE layer the row's experts and selection
+margin. shift = gap_ar - gap_spec >= 0 is how far the two forwards disagree about that pair of logits.
+- Rounding between GEMM and attention shapes moves bf16 logits by ~0.04 on kimi-k2-slice-2
+  (reports/h200/variance_probe.py, s11), so a shift below the dtype's logit excuse is a near-tie.
+- A larger shift where the row went to other experts in the two forwards, at a layer whose selection margin is
+  below the dtype's router excuse, is a routing flip: rounding moved the row across the top-k boundary.
+- Anything else is a MISMATCH. (A flip in an earlier row, seen by this row through the KV of deeper layers, is
+  not traced: it reads as a MISMATCH, the safe side.)
+A recomputation by a third path (one prefill, the fallback) cannot separate these: its own rounding is part of
+what it measures."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -18,14 +23,18 @@ import torch
 
 @dataclass(frozen=True)
 class OwnGap:
-    gap: float                          # logit[a] - logit[b] at the divergent prediction, this arm's own forward
-    margin: tuple[float, int] | None    # (smallest MoE selection margin of that row, its layer); None: not logged
+    gap: float                                 # logit[a] - logit[b] at the divergent prediction, this arm's forward
+    margins: tuple[tuple[int, float], ...]     # (layer, MoE selection margin of that row); () where none is logged
+    experts: tuple[tuple[int, tuple[int, ...]], ...]   # (layer, the experts that row was routed to, sorted)
+
+    def margin(self, layer: int) -> float:
+        return dict(self.margins).get(layer, float("nan"))
 
 
 class LogitTap:
     """Context manager: while active, every model.forward call is inspected for request row `row` of the batch;
     the first row whose position is `pos` and whose path matches `seq` (the committed tokens by absolute position)
-    gives logit[a] - logit[b] (float64) and, where the model logs them, its MoE selection margins."""
+    gives logit[a] - logit[b] (float64) and, where the model logs them, its MoE selection margins and experts."""
 
     def __init__(self, model, row: int, pos: int, seq: list[int], a: int, b: int):
         self.model, self.row, self.pos, self.seq, self.a, self.b = model, row, pos, seq, a, b
@@ -36,16 +45,17 @@ class LogitTap:
         self._own = vars(self.model).get("forward")   # an instance's own forward (a wrapper) comes back on exit
 
         def forward(tokens, positions, cache, past_lens, anc=None, **kw):
-            log = [] if self.found is None and hasattr(self.model, "margin_log") else None
-            if log is not None:
-                before, self.model.margin_log = self.model.margin_log, log
+            logs = {n: [] for n in ("margin_log", "route_log") if self.found is None and hasattr(self.model, n)}
+            before = {n: getattr(self.model, n) for n in logs}
+            for n, v in logs.items():
+                setattr(self.model, n, v)
             try:
                 out = inner(tokens, positions, cache, past_lens, anc, **kw)
             finally:
-                if log is not None:
-                    self.model.margin_log = before
+                for n, v in before.items():
+                    setattr(self.model, n, v)
             if self.found is None:
-                self._inspect(tokens, positions, anc, kw.get("logit_rows"), out.logits, log)
+                self._inspect(tokens, positions, anc, kw.get("logit_rows"), out.logits, logs)
             return out
 
         self.model.forward = forward
@@ -58,7 +68,7 @@ class LogitTap:
             self.model.forward = self._own
         return False
 
-    def _inspect(self, tokens, positions, anc, logit_rows, logits, log) -> None:
+    def _inspect(self, tokens, positions, anc, logit_rows, logits, logs: dict) -> None:
         r, T = self.row, tokens.shape[1]
         tok, pos = tokens[r].tolist(), positions[r].tolist()
         rows = [int(logit_rows[r])] if logit_rows is not None else range(T)
@@ -66,8 +76,9 @@ class LogitTap:
             if pos[n] != self.pos or not self._on_path(tok, pos, anc, n):
                 continue
             lg = logits[r, k if logit_rows is not None else n].double()
-            margins = [(float(m[r * T + n]), layer) for layer, m in log or []]
-            self.found = OwnGap(float(lg[self.a] - lg[self.b]), min(margins) if margins else None)
+            margins = tuple((layer, float(m[r * T + n])) for layer, m in logs.get("margin_log", []))
+            experts = tuple((layer, tuple(sorted(idx[r * T + n].tolist()))) for layer, idx in logs.get("route_log", []))
+            self.found = OwnGap(float(lg[self.a] - lg[self.b]), margins, experts)
             return
 
     def _on_path(self, tok: list[int], pos: list[int], anc, n: int) -> bool:
@@ -79,6 +90,14 @@ class LogitTap:
             words = anc[self.row, n].tolist()
             path = [j for j in range(n + 1) if (words[j // 64] >> (j % 64)) & 1]
         return all(0 <= pos[j] < len(self.seq) and tok[j] == self.seq[pos[j]] for j in path)
+
+
+def routing_flips(g_ar: OwnGap, g_sp: OwnGap) -> list[tuple[int, float]]:
+    """(layer, the smaller of the two arms' selection margins there) for each MoE layer where the divergent row
+    was routed to other experts in the two forwards."""
+    sp = dict(g_sp.experts)
+    return [(layer, min(g_ar.margin(layer), g_sp.margin(layer))) for layer, e in g_ar.experts
+            if layer in sp and sp[layer] != e]
 
 
 def own_gaps(model, prompt: list[int], row: int, p: int, ar_tokens: list[int], a: int, b: int, run_ar, run_spec

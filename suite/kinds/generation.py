@@ -13,7 +13,7 @@ from kdbench.config import derive_seed
 from kdbench.engine.engine import generate, target_from_preset
 from kdbench.engine.records import GenerateResult
 from kdbench.engine.stages import Policy
-from kdbench.kinds.divergence import own_gaps
+from kdbench.kinds.divergence import own_gaps, routing_flips
 from kdbench.model.drafter import BlockDrafter
 from kdbench.model.synthetic import SyntheticDrafter
 from kdbench.prompts import token_prompts
@@ -27,6 +27,9 @@ SYNTHETIC_RANKS = 8   # the synthetic drafter places the true token at rank k wi
 # AR logit gap below which a greedy divergence is rounding, not a bug, per model dtype: bf16 logits differ by
 # up to ~0.03 between AR (B rows) and verify (B*N rows) GEMM shapes; float32 by ~1e-5; float64 must be exact.
 NEAR_TIE_LOGIT = {torch.bfloat16: 0.25, torch.float16: 0.25, torch.float32: 1e-3, torch.float64: 0.0}
+# MoE selection margin (k-th minus (k+1)-th biased router score) below which rounding can route a row to other
+# experts in two forwards of the same tokens, per model dtype (divergence.py's routing flip)
+ROUTER_EXCUSE = {torch.bfloat16: 1e-2, torch.float16: 1e-2, torch.float32: 1e-5, torch.float64: 0.0}
 
 
 def model_dtype(device: str, shape) -> torch.dtype:
@@ -194,7 +197,8 @@ def losslessness(model, all_prompts, ar, spec, rerun=None) -> tuple[str, bool]:
     """(verdict text, is_bug). With `rerun` (batch_rerun's function) a divergence is measured on the arms' own
     forwards (divergence.py): the shift = AR's gap logit[a] - logit[b] minus the speculative arm's, at the
     divergent prediction; below NEAR_TIE_LOGIT of the model dtype it is rounding between forward shapes (a
-    near-tie, not a bug). Without it (or when the re-run does not reproduce the divergence) the AR logit gap is
+    near-tie, not a bug); above it, a routing flip (not a bug) where the row went to other experts in the two
+    forwards at a layer whose selection margin is below ROUTER_EXCUSE, else a MISMATCH. Without it (or when the re-run does not reproduce the divergence) the AR logit gap is
     recomputed by one prefill of prompt + AR tokens, whose own rounding is part of the figure. A batch-invariant
     target has no excuse in any dtype: AR and verify compute every row bit for bit alike."""
     where = first_divergence(ar, spec)
@@ -209,12 +213,7 @@ def losslessness(model, all_prompts, ar, spec, rerun=None) -> tuple[str, bool]:
         row, run_ar, run_spec = rerun(i)
         g_ar, g_sp, same = own_gaps(model, all_prompts[i], row, pos, ar_tok, ar_tok[pos], sp_tok[pos], run_ar, run_spec)
         if same and g_ar is not None and g_sp is not None:
-            shift = g_ar.gap - g_sp.gap
-            kind = "near-tie" if abs(shift) < excuse else "MISMATCH"
-            why = "".join(f"; router margin {g.margin[0]:.3g} at layer {g.margin[1]} ({arm})"
-                          for g, arm in ((g_ar, "AR"), (g_sp, "speculative")) if g.margin)
-            return (f"no: {kind} ({at}, own logit gaps: AR {g_ar.gap:+.4g}, speculative {g_sp.gap:+.4g}, "
-                    f"shift {shift:.4g} vs excuse {excuse:g}{why})", kind == "MISMATCH")
+            return _own_verdict(model, at, g_ar, g_sp, excuse)
         note = "; the eager re-run " + ("found no row on the committed path" if same else "did not reproduce it")
     else:
         note = ""
@@ -222,6 +221,20 @@ def losslessness(model, all_prompts, ar, spec, rerun=None) -> tuple[str, bool]:
     kind = "near-tie" if abs(gap) < excuse else "MISMATCH"
     why = f"; router margin {margin[0]:.3g} at layer {margin[1]}" if margin else ""
     return f"no: {kind} ({at}, AR logit gap {gap:.4g} by prefill{why}{note})", kind == "MISMATCH"
+
+
+def _own_verdict(model, at: str, g_ar, g_sp, excuse: float) -> tuple[str, bool]:
+    """near-tie / routing flip / MISMATCH from the two arms' own gaps (divergence.py)."""
+    shift = g_ar.gap - g_sp.gap
+    flips = routing_flips(g_ar, g_sp)
+    router = 0.0 if getattr(model, "batch_invariant", False) else ROUTER_EXCUSE.get(model.dtype, 0.0)
+    kind = ("near-tie" if abs(shift) < excuse else
+            "routing flip" if flips and min(m for _, m in flips) < router else "MISMATCH")
+    flip = "".join(f"; other experts at layer {layer} (margin {m:.3g} vs {router:g})" for layer, m in flips)
+    same = "; same experts at every MoE layer" if g_ar.experts and not flips else ""
+    text = (f"no: {kind} ({at}, own logit gaps: AR {g_ar.gap:+.4g}, speculative {g_sp.gap:+.4g}, shift "
+            f"{shift:.4g} vs {excuse:g}{flip}{same})")
+    return text, kind == "MISMATCH"
 
 
 def logit_gap(model, prefix: list[int], a: int, b: int) -> tuple[float, tuple[float, int] | None]:
