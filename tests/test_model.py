@@ -153,3 +153,78 @@ def test_bad_model_options():
         Transformer(cfg, w, tap_layers=(5,))
     with pytest.raises(ValueError, match="missing"):
         Transformer(cfg, {k: v for k, v in w.items() if k != "norm"})
+
+
+def test_rms_norm_takes_the_eager_formula_off_the_gpu_and_under_autograd():
+    """CPU tensors, float32 / float64 and tensors that need a gradient run the eager formula (the Triton norm
+    has no backward); its value is x / rms(x) * w."""
+    from kdbench.model import mla
+    g = torch.Generator().manual_seed(3)
+    x, w = torch.randn(5, 40, generator=g), torch.randn(40, generator=g)
+    assert not mla._fused_norm_runs(x.bfloat16(), w.bfloat16())
+    want = x.double() / x.double().pow(2).mean(-1, keepdim=True).add(1e-6).sqrt() * w.double()
+    assert torch.allclose(mla.rms_norm(x.double(), w.double(), 1e-6), want, rtol=1e-12, atol=0)
+    xr = x.clone().requires_grad_()
+    mla.rms_norm(xr, w, 1e-6).sum().backward()
+    assert xr.grad is not None and torch.isfinite(xr.grad).all()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (the Triton norm of the default path)")
+@pytest.mark.parametrize("rows, d", [(1, 7168), (7, 1536), (520, 512), (3, 7)])
+def test_rms_norm_on_the_gpu_is_one_launch_of_the_same_formula(rows, d):
+    """bf16 on a GPU: the fused norm (a strided input included, like the latent's slice of kv_a's output) equals
+    the eager formula within one bf16 rounding and float64 within bf16 tolerance; under autograd the eager one runs."""
+    from kdbench.model import mla
+    g = torch.Generator(device="cuda").manual_seed(rows)
+    x = (torch.randn(rows, d + 64, generator=g, device="cuda") * 3).bfloat16()[:, :d]
+    w = (torch.randn(d, generator=g, device="cuda") * 0.05 + 1).bfloat16()
+    assert mla._fused_norm_runs(x, w)
+    got = mla.rms_norm(x, w, 1e-6)
+    xf = x.float()
+    eager = (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + 1e-6) * w.float()).bfloat16()
+    want = x.double() / x.double().pow(2).mean(-1, keepdim=True).add(1e-6).sqrt() * w.double()
+    assert got.dtype == torch.bfloat16 and got.shape == x.shape
+    ulp = (eager.float().abs() * 2 ** -7).clamp(min=1e-30)               # one bf16 step at each value
+    assert ((got.float() - eager.float()).abs() <= ulp).all()
+    assert float((got.double() - want).abs().max() / want.abs().max()) < 8e-3
+    with torch.enable_grad():
+        assert not mla._fused_norm_runs(x.clone().requires_grad_(), w)
+
+
+def test_rope_takes_the_eager_formula_off_the_gpu_and_under_autograd():
+    from kdbench.model import mla
+    cfg = get_preset("kimi-k2-slice-2")
+    freqs = mla.inv_freq(cfg, "cpu")
+    x, pos = torch.randn(2, 3, 4, 64).bfloat16(), torch.randint(0, 100, (2, 3))
+    assert not mla._fused_rope_runs(x, pos, freqs)
+    xr = torch.randn(2, 3, 64, requires_grad=True)
+    mla.rope_interleaved(xr, pos, freqs).sum().backward()
+    assert xr.grad is not None
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (the Triton RoPE of the default path)")
+@pytest.mark.parametrize("shape, lead", [((3, 5, 64, 64), 128), ((2, 7, 64), 512), ((1, 1, 128, 64), 128), ((4, 65, 64), 0)])
+def test_rope_on_the_gpu_is_one_launch_of_the_same_rotation(shape, lead):
+    """bf16 views like q_pe (the last 64 of 192 per head) and k_pe (the last 64 of the 576-wide kv_a output) at
+    positions up to 131K: the Triton RoPE equals the eager rotation within one bf16 rounding (bit-equal on most
+    elements: no FMA contraction), and float64 within bf16 tolerance."""
+    from kdbench.model import mla
+    cfg = get_preset("kimi-k2-slice-2")
+    g = torch.Generator(device="cuda").manual_seed(len(shape) + lead)
+    freqs = mla.inv_freq(cfg, "cuda")
+    x = torch.randn(*shape[:-1], shape[-1] + lead, generator=g, device="cuda").bfloat16()[..., lead:]
+    pos = torch.randint(0, 131072, shape[:2], generator=g, device="cuda")
+    assert mla._fused_rope_runs(x, pos, freqs)
+    got = mla.rope_interleaved(x, pos, freqs)
+    ang = pos.double()[..., None] * freqs
+    eager = mla._rotate(x, torch.cos(ang), torch.sin(ang))
+    assert got.shape == x.shape and got.dtype == torch.bfloat16 and got.is_contiguous()
+    ulp = (eager.float().abs() * 2 ** -7).clamp(min=1e-30)
+    assert ((got.float() - eager.float()).abs() <= ulp).all()
+    assert float((got == eager).float().mean()) > 0.99
+    shp = ang.shape[:2] + (1,) * (x.dim() - 3) + ang.shape[-1:]
+    c, s, xd = torch.cos(ang).view(shp), torch.sin(ang).view(shp), x.double()
+    want = torch.stack((xd[..., 0::2] * c - xd[..., 1::2] * s, xd[..., 0::2] * s + xd[..., 1::2] * c), -1).flatten(-2)
+    assert float((got.double() - want).abs().max() / want.abs().max()) < 8e-3

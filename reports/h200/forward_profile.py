@@ -2,7 +2,10 @@
 1024 committed keys (the e2e floor cases' shape, engine/floor.py's inputs), eager under torch.profiler: every CUDA
 kernel with its count and total device time, sorted, and their sum beside the CUDA-graph replay of the same
 forward (CUDA events, median of 20 after 3). The floor's attention stage is at ~23 % of its floor at batch 1
-(plans/0003): this names what runs there. Writes OUT/forward_profile.json.
+(plans/0003): this names what runs there. Also a same-process A/B of two of its ops, old form against the shipped
+one, each replayed as a CUDA graph in alternating order (ABBA, 2 rounds): the router gate (float32 weight copy +
+float32 GEMM vs moe.gate_logits) at 1 / 8 / 520 rows, and the RMS norm (eager formula vs mla.rms_norm) at the
+model's norm widths. Writes OUT/forward_profile.json.
 Usage (GPU machine, repo root): python3 reports/h200/forward_profile.py OUT_DIR"""
 from __future__ import annotations
 
@@ -15,6 +18,8 @@ from torch.profiler import ProfilerActivity, profile
 
 from kdbench.engine.engine import target_from_preset
 from kdbench.engine.floor import _inputs
+from kdbench.model import mla
+from kdbench.model import moe as tmoe
 
 
 def graph_ms(fn, reps: int = 20) -> float:
@@ -53,6 +58,37 @@ def kernels(fn) -> list[dict]:
     return sorted(rows.values(), key=lambda r: -r["us"])
 
 
+def eager_norm(x, w, eps):
+    xf = x.float()
+    return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps) * w.float()).to(x.dtype)
+
+
+def ops_ab(model) -> list[dict]:
+    """Old vs shipped form of the gate and the norm, in graphs, ABBA over 2 rounds -> medians per form."""
+    w, cfg, g = model.w, model.cfg, torch.Generator(device="cuda").manual_seed(5)
+    gate = w[next(k for k in w if k.endswith(".gate"))]
+    cases = []
+    for n in (1, 8, 520):
+        x = torch.randn(n, cfg.hidden, generator=g, device="cuda").bfloat16()
+        cases.append((f"gate rows {n}", lambda x=x: x.float() @ gate.float().T, lambda x=x: tmoe.gate_logits(x, gate)))
+    for n in (1, 8, 520):
+        for d, name in ((cfg.hidden, "norm"), (cfg.q_lora_rank, "q_norm"), (cfg.kv_lora_rank, "kv_norm")):
+            x = torch.randn(n, d, generator=g, device="cuda").bfloat16()
+            wn = w[next(k for k in w if k.endswith(name))]
+            cases.append((f"{name} rows {n} d {d}", lambda x=x, wn=wn: eager_norm(x, wn, cfg.rms_eps),
+                          lambda x=x, wn=wn: mla.rms_norm(x, wn, cfg.rms_eps)))
+    out = []
+    for name, old, new in cases:
+        t = {"old": [], "new": []}
+        for order in (("old", "new"), ("new", "old"), ("new", "old"), ("old", "new")):
+            for k in order:
+                t[k].append(graph_ms(old if k == "old" else new))
+        rec = {"op": name, "old_us": 1e3 * statistics.median(t["old"]), "new_us": 1e3 * statistics.median(t["new"])}
+        out.append(rec)
+        print(f"  {name:28s} old {rec['old_us']:7.1f} us  new {rec['new_us']:7.1f} us", flush=True)
+    return out
+
+
 def main(out_dir: str) -> None:
     model = target_from_preset("kimi-k2-slice-2", 29, device="cuda", dtype=torch.bfloat16)
     report = {}
@@ -67,6 +103,7 @@ def main(out_dir: str) -> None:
                   flush=True)
             for k in ks[:30]:
                 print(f"  {k['us']:8.1f} us  x{k['count']:3d}  {k['kernel'][:120]}", flush=True)
+        report["ops_ab"] = ops_ab(model)
     with open(f"{out_dir}/forward_profile.json", "w") as f:
         json.dump(report, f, indent=1)
 

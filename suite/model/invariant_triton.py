@@ -1,6 +1,7 @@
 """Triton kernels of the batch-invariant mode: one fixed tile configuration per kernel (never chosen by M, no
 split-K), so each output row's reduction over K, and each attention row's reduction over its keys, is the same
-sequence of instructions whatever else shares the launch. Only invariant.py calls these.
+sequence of instructions whatever else shares the launch. invariant.py calls these; the default forward shares
+rms_norm (per row, so invariant anyway: mla.rms_norm on a GPU).
 """
 from __future__ import annotations
 

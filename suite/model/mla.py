@@ -13,6 +13,8 @@ from kdbench.references.mla import yarn_inv_freq as _np_yarn_inv_freq
 from kdbench.references.model_config import ModelConfig
 
 from . import invariant
+from . import fused_triton as ft
+from . import invariant_triton as tk
 
 HALF = (torch.float16, torch.bfloat16)
 
@@ -23,10 +25,22 @@ def compute_dtype(dtype: torch.dtype) -> torch.dtype:
 
 
 def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
-    """x / rms(x) * w over the last axis, in compute_dtype, returned in x's dtype."""
+    """x / rms(x) * w over the last axis, in compute_dtype, returned in x's dtype. Half-precision CUDA tensors
+    outside autograd take one Triton launch per call (invariant_triton.rms_norm: the same float32 formula, one
+    program per row) instead of ~9 elementwise and reduction kernels; s11's AR forward profile spent ~0.15 ms of
+    1.43 ms in them at batch 1 (plans/0003, "Forward floors")."""
+    if _fused_norm_runs(x, w):
+        return tk.rms_norm(x, w, eps)
     xc = x.to(compute_dtype(x.dtype))
     y = xc * torch.rsqrt(xc.pow(2).mean(-1, keepdim=True) + eps) * w.to(xc.dtype)
     return y.to(x.dtype)
+
+
+def _fused_norm_runs(x: torch.Tensor, w: torch.Tensor) -> bool:
+    """The Triton norm has no backward and holds a row in registers: inference only, rows up to 16384 wide."""
+    return (x.is_cuda and x.dtype in HALF and tk.AVAILABLE and w.is_contiguous() and w.dim() == 1
+            and x.shape[-1] == w.shape[0] <= 16384 and x.stride(-1) == 1
+            and not (torch.is_grad_enabled() and (x.requires_grad or w.requires_grad)))
 
 
 def inv_freq(cfg: ModelConfig, device) -> torch.Tensor:
@@ -40,8 +54,18 @@ def rope_interleaved(x: torch.Tensor, positions: torch.Tensor, freqs: torch.Tens
     x [B, T, ..., dr]; positions [B, T] int; freqs [dr/2] float64. Angles are float64 (exact enough at
     131K positions); the rotation runs in compute_dtype.
     """
+    if _fused_rope_runs(x, positions, freqs):
+        return ft.rope(x, positions, freqs)     # one launch (fused_triton.py) instead of ~15 elementwise kernels
     angle = positions.to(torch.float64)[..., None] * freqs  # [B, T, dr/2] radians
     return _rotate(x, torch.cos(angle), torch.sin(angle))
+
+
+def _fused_rope_runs(x: torch.Tensor, positions: torch.Tensor, freqs: torch.Tensor) -> bool:
+    """The Triton RoPE: half-precision CUDA tensors outside autograd, [B, T, (H,) dr] with the last stride 1."""
+    return (x.is_cuda and x.dtype in HALF and ft.AVAILABLE and x.dim() in (3, 4) and x.stride(-1) == 1
+            and x.shape[-1] % 2 == 0 and freqs.dtype == torch.float64 and freqs.numel() == x.shape[-1] // 2
+            and tuple(positions.shape) == tuple(x.shape[:2]) and not positions.dtype.is_floating_point
+            and not (torch.is_grad_enabled() and x.requires_grad))
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
