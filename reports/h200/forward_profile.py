@@ -5,7 +5,9 @@ forward (CUDA events, median of 20 after 3). The floor's attention stage is at ~
 (plans/0003): this names what runs there. Also a same-process A/B of two of its ops, old form against the shipped
 one, each replayed as a CUDA graph in alternating order (ABBA, 2 rounds): the router gate (float32 weight copy +
 float32 GEMM vs moe.gate_logits) at 1 / 8 / 520 rows, and the RMS norm (eager formula vs mla.rms_norm) at the
-model's norm widths. Writes OUT/forward_profile.json.
+model's norm widths; and whole forwards (AR batch 1 and 8, verify batch 8 x 65) with the one-launch norm and RoPE
+against their eager formulas (mla.FUSED_SMALL_OPS), graphs captured per setting, ABBA over 2 rounds. Writes
+OUT/forward_profile.json.
 Usage (GPU machine, repo root): python3 reports/h200/forward_profile.py OUT_DIR"""
 from __future__ import annotations
 
@@ -89,6 +91,28 @@ def ops_ab(model) -> list[dict]:
     return out
 
 
+def forwards_ab(model) -> list[dict]:
+    """Whole forwards as graphs, fused small ops on vs off (the gate's form is the shipped one in both)."""
+    out = []
+    for batch, rows in ((1, 1), (8, 1), (8, 65)):
+        tokens, positions, cache, lens, anc = _inputs(model, batch, rows, 1024, 0)
+        fn = lambda: model.forward(tokens, positions, cache, lens, anc, attn="cuda", tap_layers=())  # noqa: E731
+        t = {True: [], False: []}
+        for order in ((False, True), (True, False), (True, False), (False, True)):
+            for fused in order:
+                mla.FUSED_SMALL_OPS = fused
+                try:
+                    t[fused].append(graph_ms(fn))
+                finally:
+                    mla.FUSED_SMALL_OPS = True
+        rec = {"batch": batch, "rows": rows, "eager_ops_ms": statistics.median(t[False]),
+               "fused_ops_ms": statistics.median(t[True]), "samples_ms": {"eager": t[False], "fused": t[True]}}
+        out.append(rec)
+        print(f"  forward B{batch} rows {rows}: eager ops {rec['eager_ops_ms'] * 1e3:7.1f} us, fused "
+              f"{rec['fused_ops_ms'] * 1e3:7.1f} us", flush=True)
+    return out
+
+
 def main(out_dir: str) -> None:
     model = target_from_preset("kimi-k2-slice-2", 29, device="cuda", dtype=torch.bfloat16)
     report = {}
@@ -104,6 +128,7 @@ def main(out_dir: str) -> None:
             for k in ks[:30]:
                 print(f"  {k['us']:8.1f} us  x{k['count']:3d}  {k['kernel'][:120]}", flush=True)
         report["ops_ab"] = ops_ab(model)
+        report["forwards_ab"] = forwards_ab(model)
     with open(f"{out_dir}/forward_profile.json", "w") as f:
         json.dump(report, f, indent=1)
 

@@ -17,6 +17,9 @@ from . import fused_triton as ft
 from . import invariant_triton as tk
 
 HALF = (torch.float16, torch.bfloat16)
+# The one-launch Triton norm and RoPE of the default path on a GPU (below); False runs the eager formulas there
+# too: reports/h200/forward_profile.py's same-process A/B of whole forwards, nothing else sets it.
+FUSED_SMALL_OPS = True
 
 
 def compute_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -38,7 +41,7 @@ def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
 
 def _fused_norm_runs(x: torch.Tensor, w: torch.Tensor) -> bool:
     """The Triton norm has no backward and holds a row in registers: inference only, rows up to 16384 wide."""
-    return (x.is_cuda and x.dtype in HALF and tk.AVAILABLE and w.is_contiguous() and w.dim() == 1
+    return (FUSED_SMALL_OPS and x.is_cuda and x.dtype in HALF and tk.AVAILABLE and w.is_contiguous() and w.dim() == 1
             and x.shape[-1] == w.shape[0] <= 16384 and x.stride(-1) == 1
             and not (torch.is_grad_enabled() and (x.requires_grad or w.requires_grad)))
 
@@ -62,7 +65,8 @@ def rope_interleaved(x: torch.Tensor, positions: torch.Tensor, freqs: torch.Tens
 
 def _fused_rope_runs(x: torch.Tensor, positions: torch.Tensor, freqs: torch.Tensor) -> bool:
     """The Triton RoPE: half-precision CUDA tensors outside autograd, [B, T, (H,) dr] with the last stride 1."""
-    return (x.is_cuda and x.dtype in HALF and ft.AVAILABLE and x.dim() in (3, 4) and x.stride(-1) == 1
+    return (FUSED_SMALL_OPS and x.is_cuda and x.dtype in HALF and ft.AVAILABLE and x.dim() in (3, 4)
+            and x.stride(-1) == 1
             and x.shape[-1] % 2 == 0 and freqs.dtype == torch.float64 and freqs.numel() == x.shape[-1] // 2
             and tuple(positions.shape) == tuple(x.shape[:2]) and not positions.dtype.is_floating_point
             and not (torch.is_grad_enabled() and x.requires_grad))
