@@ -52,25 +52,25 @@ def test_tap_reads_the_committed_row_of_ar_decode_and_of_the_verify(world):
 
 
 class _VerifyBias:
-    """Installs on a model a forward that, in every tree verify (anc given), adds `delta` to token b's logit of
-    request row `row` or (router=True) `delta` to expert `b`'s router bias in every MoE layer: planted bugs of
-    the verify path, which AR decode never sees."""
+    """Installs on a model a forward that, in every tree verify (anc given) of a batch of `batch` requests (None:
+    any), adds `delta` to token b's logit of request row `row` or (router=True) `delta` to expert `b`'s router
+    bias in every MoE layer: planted bugs of the verify path, which AR decode never sees."""
 
-    def __init__(self, model, row, b, delta, router=False):
+    def __init__(self, model, row, b, delta, router=False, batch=None):
         self.model, inner = model, model.forward
         names = [f"layers.{i}.gate_bias" for i in range(model.cfg.n_layers) if model.cfg.is_moe_layer(i)]
 
         def forward(tokens, positions, cache, past_lens, anc=None, **kw):
-            if anc is not None and router:
-                for n in names:
-                    model.w[n][b] += delta
+            hit = anc is not None and batch in (None, tokens.shape[0])
+            saved = {n: model.w[n].clone() for n in names} if hit and router else {}
+            for n in saved:
+                model.w[n][b] += delta
             try:
                 out = inner(tokens, positions, cache, past_lens, anc, **kw)
             finally:
-                if anc is not None and router:
-                    for n in names:
-                        model.w[n][b] -= delta
-            if anc is not None and not router:
+                for n, v in saved.items():
+                    model.w[n].copy_(v)                 # exactly the old values (x + d - d need not be x)
+            if hit and not router:
                 out.logits[row, :, b] += delta
             return out
         model.forward = forward
@@ -79,34 +79,36 @@ class _VerifyBias:
         del self.model.forward
 
 
-@pytest.mark.parametrize("delta_over_gap, excuse, kind", [(50.0, 0.0, "MISMATCH"), (1.5, None, "near-tie")])
-def test_a_rerun_divergence_is_classified_by_the_shift_of_own_gaps(world, monkeypatch, delta_over_gap, excuse, kind):
+@pytest.mark.parametrize("delta_over_gap, excuse, kind, batch, budget", [
+    (50.0, 0.0, "MISMATCH", 3, 8), (1.5, None, "near-tie", 3, 8),
+    (50.0, 0.0, "MISMATCH", 2, 64)])    # prompt 2 alone in the second batch (row 0); 65-row trees: 2 anc words
+def test_a_rerun_divergence_is_classified_by_the_shift_of_own_gaps(world, monkeypatch, delta_over_gap, excuse, kind,
+                                                                   batch, budget):
     """A verify biased toward AR's runner-up diverges for real; the re-run reproduces it and the verdict quotes
-    both own gaps and their shift (= the bias): above the excuse a MISMATCH, below it (patched) a near-tie."""
+    both own gaps and their shift, which is the bias: above the excuse a MISMATCH, below it (patched) a near-tie."""
     model, ar, make = world
-    row, p = 2, 3
-    a = ar.tokens[row][p]
-    b = _runner_up(model, PROMPTS[row] + ar.tokens[row][:p], a)
-    gap = float(gen.next_logits(model, PROMPTS[row] + ar.tokens[row][:p]).double()[[a, b]].diff().neg())
+    prompt, p = 2, 3
+    row = prompt % batch
+    a = ar.tokens[prompt][p]
+    b = _runner_up(model, PROMPTS[prompt] + ar.tokens[prompt][:p], a)
+    gap = float(gen.next_logits(model, PROMPTS[prompt] + ar.tokens[prompt][:p]).double()[[a, b]].diff().neg())
     delta = delta_over_gap * gap
-    if excuse is None:
-        excuse = 2 * delta
-    monkeypatch.setitem(gen.NEAR_TIE_LOGIT, torch.float64, excuse)
-    bias = _VerifyBias(model, row, b, delta)
+    monkeypatch.setitem(gen.NEAR_TIE_LOGIT, torch.float64, 2 * delta if excuse is None else excuse)
+    bias = _VerifyBias(model, row, b, delta, batch=len(PROMPTS) - batch * (prompt // batch) if batch < 3 else None)
     try:
-        s = SimpleNamespace(batch=3, max_new_tokens=MAX_NEW, temperature=0.0)
-        policy = Policy(kind="ddtree", budget=8)
+        s = SimpleNamespace(batch=batch, max_new_tokens=MAX_NEW, temperature=0.0)
+        policy = Policy(kind="ddtree", budget=budget)
         spec = gen.run_batched(model, make, PROMPTS, s, policy, "torch", 0)
         where = gen.first_divergence([ar], spec)
-        assert where is not None and where[0] == row and where[1] <= p, "the planted bias must move the output"
+        assert where is not None and where[0] == prompt and where[1] <= p, "the planted bias must move the output"
         rerun = gen.batch_rerun(model, make, PROMPTS, s, policy, "torch", 0)
         verdict, bug = gen.losslessness(model, PROMPTS, [ar], spec, rerun)
     finally:
         bias.remove()
-    assert verdict.startswith(f"no: {kind} (prompt {row}, position {where[1]}, own logit gaps: AR +"), verdict
+    assert verdict.startswith(f"no: {kind} (prompt {prompt}, position {where[1]}, own logit gaps: AR +"), verdict
     assert bug == (kind == "MISMATCH") and "speculative -" in verdict and "same experts at every MoE layer" in verdict
     shift = float(verdict.split("shift ")[1].split(" ")[0])
-    assert shift > 0 and (shift >= excuse) == (kind == "MISMATCH")
+    assert shift == pytest.approx(delta, rel=1e-3), "the shift is the planted bias (4 significant digits quoted)"
 
 
 def test_a_rerun_that_does_not_reproduce_falls_back_to_the_prefill_gap(world):
@@ -151,3 +153,71 @@ def test_other_experts_in_the_verify_read_as_a_routing_flip_below_the_router_exc
     layer = next(i for i in range(model.cfg.n_layers) if model.cfg.is_moe_layer(i))
     assert verdict.startswith(f"no: {kind} (") and f"other experts at layer {layer} (margin" in verdict, verdict
     assert bug == (kind == "MISMATCH")
+
+
+class _FakeModel:
+    """forward(tokens, positions, ...) -> logits [B, T, 4] whose value at token 2 marks the call."""
+
+    def __init__(self):
+        self.calls = 0
+
+    def forward(self, tokens, positions, cache, past_lens, anc=None, **kw):
+        self.calls += 1
+        B, T = tokens.shape
+        lg = torch.zeros(B, T, 4, dtype=torch.float64)
+        lg[..., 2] = float(self.calls)
+        return SimpleNamespace(logits=lg)
+
+
+def test_the_tap_takes_the_last_forward_holding_the_row_not_a_padding_row_before_it():
+    """A step whose drafter missed the next token still holds a row at that position with the root's token: a
+    tree's padding row (depth 1, the root's token, root + self as ancestors). When the committed token repeats
+    the root's, that row matches, but the token was the bonus of that step, and the next step's root decides."""
+    seq = [5, 7, 7]                           # committed: position 1 holds 7 (the root), position 2 repeats it
+    model = _FakeModel()
+    with LogitTap(model, 0, 2, seq, 2, 3) as tap:
+        bits = torch.tensor([[[1], [3], [5], [9]]])           # root, a drafted child (token 3), two padding rows
+        model.forward(torch.tensor([[7, 3, 7, 7]]), torch.tensor([[1, 2, 2, 2]]), None, None, bits)
+        assert tap.found is not None and tap.found.gap == 1.0, "the padding row matches the first forward"
+        model.forward(torch.tensor([[7]]), torch.tensor([[2]]), None, None, torch.ones(1, 1, 1, dtype=torch.int64))
+        model.forward(torch.tensor([[4]]), torch.tensor([[3]]), None, None, torch.ones(1, 1, 1, dtype=torch.int64))
+    assert tap.found.gap == 2.0, "the next step's root decided; the one after it sits past the position"
+
+
+def _fake_rerun(runs):
+    """A rerun function whose arms count their calls in `runs` and return nothing useful (own_gaps is patched)."""
+    def at(i):
+        return 0, lambda: runs.append("ar"), lambda: runs.append("spec")
+    at.memo = {}
+    return at
+
+
+@pytest.mark.parametrize("g_ar, g_sp, note", [(-0.5, -1.0, "do not pick the arms' tokens"),
+                                              (1.0, 0.5, "do not pick the arms' tokens")])
+def test_own_gaps_of_the_wrong_sign_fall_back_to_the_prefill(world, monkeypatch, g_ar, g_sp, note):
+    """The deciding rows rank a over b in AR and b over a in the speculative arm; rows that do not are not the
+    deciding ones, and the verdict says so and uses the prefill gap."""
+    from kdbench.kinds.divergence import OwnGap
+    model, ar, _ = world
+    planted = [type(ar)(tokens=[ar.tokens[0], ar.tokens[1][:2] + [0] + ar.tokens[1][3:], ar.tokens[2]])]
+    monkeypatch.setattr(gen, "own_gaps", lambda *a, **k: (OwnGap(g_ar, (), ()), OwnGap(g_sp, (), ()), True))
+    verdict, _ = gen.losslessness(model, PROMPTS, [ar], planted, _fake_rerun([]))
+    assert "by prefill" in verdict and note in verdict, verdict
+
+
+def test_a_rerun_that_raises_falls_back_and_one_divergence_is_measured_once(world, monkeypatch):
+    """An exception in the re-run (out of memory, say) leaves the prefill verdict with the reason; the memo
+    answers a second verdict on the same divergence without re-running."""
+    model, ar, _ = world
+    planted = [type(ar)(tokens=[ar.tokens[0], ar.tokens[1][:2] + [0] + ar.tokens[1][3:], ar.tokens[2]])]
+    calls = []
+
+    def boom(*a, **k):
+        calls.append(1)
+        raise RuntimeError("CUDA out of memory. Tried to allocate 2 GiB")
+    monkeypatch.setattr(gen, "own_gaps", boom)
+    rerun = _fake_rerun([])
+    first = gen.losslessness(model, PROMPTS, [ar], planted, rerun)
+    second = gen.losslessness(model, PROMPTS, [ar], planted, rerun)
+    assert first == second and len(calls) == 1
+    assert "by prefill" in first[0] and "raised RuntimeError: CUDA out of memory" in first[0], first

@@ -205,18 +205,26 @@ def test_rope_takes_the_eager_formula_off_the_gpu_and_under_autograd():
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (the Triton RoPE of the default path)")
-@pytest.mark.parametrize("shape, lead", [((3, 5, 64, 64), 128), ((2, 7, 64), 512), ((1, 1, 128, 64), 128), ((4, 65, 64), 0)])
-def test_rope_on_the_gpu_is_one_launch_of_the_same_rotation(shape, lead):
+@pytest.mark.parametrize("shape, lead, pos_form", [((3, 5, 64, 64), 128, "random"), ((2, 7, 64), 512, "random"),
+                                                    ((1, 1, 128, 64), 128, "int32"), ((4, 65, 64), 0, "prefill")])
+def test_rope_on_the_gpu_is_one_launch_of_the_same_rotation(shape, lead, pos_form):
     """bf16 views like q_pe (the last 64 of 192 per head) and k_pe (the last 64 of the 576-wide kv_a output) at
-    positions up to 131K: the Triton RoPE equals the eager rotation within one bf16 rounding (bit-equal on most
-    elements: no FMA contraction), and float64 within bf16 tolerance."""
+    positions up to 131K (int64, int32, or prefill's arange expanded over the batch: batch stride 0): the Triton
+    RoPE equals the eager rotation within one bf16 rounding (bit-equal on most elements: no FMA contraction), and
+    float64 within bf16 tolerance; under autograd the eager one runs."""
     from kdbench.model import mla
     cfg = get_preset("kimi-k2-slice-2")
     g = torch.Generator(device="cuda").manual_seed(len(shape) + lead)
     freqs = mla.inv_freq(cfg, "cuda")
     x = torch.randn(*shape[:-1], shape[-1] + lead, generator=g, device="cuda").bfloat16()[..., lead:]
     pos = torch.randint(0, 131072, shape[:2], generator=g, device="cuda")
+    if pos_form == "int32":
+        pos = pos.int()
+    elif pos_form == "prefill":
+        pos = torch.arange(shape[1], device="cuda").expand(shape[0], shape[1])
     assert mla._fused_rope_runs(x, pos, freqs)
+    with torch.enable_grad():
+        assert not mla._fused_rope_runs(x.clone().requires_grad_(), pos, freqs)
     got = mla.rope_interleaved(x, pos, freqs)
     ang = pos.double()[..., None] * freqs
     eager = mla._rotate(x, torch.cos(ang), torch.sin(ang))
@@ -235,8 +243,9 @@ def test_rope_on_the_gpu_is_one_launch_of_the_same_rotation(shape, lead):
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("rows", [1, 7, 520])
 def test_gate_logits_on_the_gpu_are_the_float32_matmul_of_the_half_inputs(dtype, rows):
-    """One GEMM of the half inputs with float32 output (no float32 weight copy): float32 values within float32
-    summation error of the float64 dot product of the same half values (tensor cores add in float32 with truncation, so a few 1e-6 of the largest), on fresh inputs with ties in the weight."""
+    """One GEMM of the half inputs with float32 output (no float32 weight copy): the half-input GEMM itself, float32
+    values within float32 summation error of the float64 dot product of the same half values (tensor cores add in
+    float32 with truncation: a few 1e-6 of the largest), on fresh inputs with ties in the weight."""
     g = torch.Generator(device="cuda").manual_seed(rows)
     x = torch.randn(rows, 7168, generator=g, device="cuda").to(dtype)
     w = (torch.randn(384, 7168, generator=g, device="cuda") * 7168 ** -0.5).to(dtype)
@@ -244,5 +253,6 @@ def test_gate_logits_on_the_gpu_are_the_float32_matmul_of_the_half_inputs(dtype,
     got = tmoe.gate_logits(x, w)
     want = x.double() @ w.double().T
     assert got.dtype == torch.float32 and torch.equal(got[:, 0], got[:, 1])
+    assert torch.equal(got, torch.mm(x, w.T, out_dtype=torch.float32)), "the half-input GEMM ran, not a fallback"
     err = float((got.double() - want).abs().max() / want.abs().max())
     assert err < 1e-5, err      # tensor-core float32 accumulation: 3e-6 and 4e-6 seen on the H200 (s11 call C)

@@ -32,9 +32,12 @@ class OwnGap:
 
 
 class LogitTap:
-    """Context manager: while active, every model.forward call is inspected for request row `row` of the batch;
-    the first row whose position is `pos` and whose path matches `seq` (the committed tokens by absolute position)
-    gives logit[a] - logit[b] (float64) and, where the model logs them, its MoE selection margins and experts."""
+    """Context manager: while active, every model.forward call is inspected for request row `row` of the batch.
+    The row whose position is `pos` and whose path matches `seq` (the committed tokens by absolute position) gives
+    logit[a] - logit[b] (float64) and, where the model logs them, its MoE selection margins and experts. The last
+    forward holding such a row decides (an earlier one can hold it as a tree's padding row, which repeats the root
+    token at depth 1, in a step that committed that token as its bonus; once a forward has decided, every later
+    row of the request sits past `pos`); within a forward the first such row (real nodes precede padding)."""
 
     def __init__(self, model, row: int, pos: int, seq: list[int], a: int, b: int):
         self.model, self.row, self.pos, self.seq, self.a, self.b = model, row, pos, seq, a, b
@@ -45,7 +48,7 @@ class LogitTap:
         self._own = vars(self.model).get("forward")   # an instance's own forward (a wrapper) comes back on exit
 
         def forward(tokens, positions, cache, past_lens, anc=None, **kw):
-            logs = {n: [] for n in ("margin_log", "route_log") if self.found is None and hasattr(self.model, n)}
+            logs = {n: [] for n in ("margin_log", "route_log") if hasattr(self.model, n)}
             before = {n: getattr(self.model, n) for n in logs}
             for n, v in logs.items():
                 setattr(self.model, n, v)
@@ -54,8 +57,7 @@ class LogitTap:
             finally:
                 for n, v in before.items():
                     setattr(self.model, n, v)
-            if self.found is None:
-                self._inspect(tokens, positions, anc, kw.get("logit_rows"), out.logits, logs)
+            self._inspect(tokens, positions, anc, kw.get("logit_rows"), out.logits, logs)
             return out
 
         self.model.forward = forward
@@ -88,7 +90,7 @@ class LogitTap:
             path = range(n + 1)
         else:
             words = anc[self.row, n].tolist()
-            path = [j for j in range(n + 1) if (words[j // 64] >> (j % 64)) & 1]
+            path = [j for j in range(len(pos)) if (words[j // 64] >> (j % 64)) & 1]
         return all(0 <= pos[j] < len(self.seq) and tok[j] == self.seq[pos[j]] for j in path)
 
 

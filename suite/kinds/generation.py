@@ -121,6 +121,7 @@ def batch_rerun(model, make_drafter, all_prompts, s, policy: Policy, backend: st
         return (i - first,
                 lambda: _run_chunk(model, None, all_prompts, first, s, Policy(kind="ar"), backend, seed, generate),
                 lambda: _run_chunk(model, make_drafter, all_prompts, first, s, policy, backend, seed, generate))
+    at.memo = {}    # divergence -> measured gaps: an e2e row's graph-mode and eager verdicts often share one
     return at
 
 
@@ -198,9 +199,10 @@ def losslessness(model, all_prompts, ar, spec, rerun=None) -> tuple[str, bool]:
     forwards (divergence.py): the shift = AR's gap logit[a] - logit[b] minus the speculative arm's, at the
     divergent prediction; below NEAR_TIE_LOGIT of the model dtype it is rounding between forward shapes (a
     near-tie, not a bug); above it, a routing flip (not a bug) where the row went to other experts in the two
-    forwards at a layer whose selection margin is below ROUTER_EXCUSE, else a MISMATCH. Without it (or when the re-run does not reproduce the divergence) the AR logit gap is
-    recomputed by one prefill of prompt + AR tokens, whose own rounding is part of the figure. A batch-invariant
-    target has no excuse in any dtype: AR and verify compute every row bit for bit alike."""
+    forwards at a layer whose selection margin is below ROUTER_EXCUSE, else a MISMATCH. Without it (or when the
+    re-run cannot measure the divergence: _rerun_gaps says why) the AR logit gap is recomputed by one prefill of
+    prompt + AR tokens, whose own rounding is part of the figure. A batch-invariant target has no excuse in any
+    dtype: AR and verify compute every row bit for bit alike."""
     where = first_divergence(ar, spec)
     if where is None:
         return "yes", False
@@ -209,18 +211,38 @@ def losslessness(model, all_prompts, ar, spec, rerun=None) -> tuple[str, bool]:
     sp_tok = [t for r in spec for t in r.tokens][i]
     excuse = 0.0 if getattr(model, "batch_invariant", False) else NEAR_TIE_LOGIT.get(model.dtype, 0.0)
     at = f"prompt {i}, position {pos}"
+    note = ""
     if rerun is not None:
-        row, run_ar, run_spec = rerun(i)
-        g_ar, g_sp, same = own_gaps(model, all_prompts[i], row, pos, ar_tok, ar_tok[pos], sp_tok[pos], run_ar, run_spec)
-        if same and g_ar is not None and g_sp is not None:
-            return _own_verdict(model, at, g_ar, g_sp, excuse)
-        note = "; the eager re-run " + ("found no row on the committed path" if same else "did not reproduce it")
-    else:
-        note = ""
+        gaps, note = _rerun_gaps(model, all_prompts, rerun, i, pos, ar_tok, sp_tok[pos])
+        if gaps is not None:
+            return _own_verdict(model, at, *gaps, excuse)
     gap, margin = logit_gap(model, all_prompts[i] + ar_tok[:pos], ar_tok[pos], sp_tok[pos])
     kind = "near-tie" if abs(gap) < excuse else "MISMATCH"
     why = f"; router margin {margin[0]:.3g} at layer {margin[1]}" if margin else ""
     return f"no: {kind} ({at}, AR logit gap {gap:.4g} by prefill{why}{note})", kind == "MISMATCH"
+
+
+def _rerun_gaps(model, all_prompts, rerun, i: int, pos: int, ar_tok: list[int], b: int):
+    """((AR's own gap, the speculative one), "") from the eager re-run of prompt i's batch, or (None, why not).
+    Memoized in rerun.memo where the function has one (batch_rerun's)."""
+    memo = getattr(rerun, "memo", {})
+    key = (i, pos, ar_tok[pos], b)
+    if key not in memo:
+        row, run_ar, run_spec = rerun(i)
+        try:
+            memo[key] = own_gaps(model, all_prompts[i], row, pos, ar_tok, ar_tok[pos], b, run_ar, run_spec)
+        except RuntimeError as exc:                      # out of memory, say: the prefill fallback still answers
+            memo[key] = (None, None, f"raised {type(exc).__name__}: {str(exc).splitlines()[0][:120]}")
+    g_ar, g_sp, same = memo[key]
+    if isinstance(same, str):
+        return None, f"; the eager re-run {same}"
+    if not same:
+        return None, "; the eager re-run did not reproduce it"
+    if g_ar is None or g_sp is None:
+        return None, "; the eager re-run found no row on the committed path"
+    if g_ar.gap < 0 or g_sp.gap > 0:   # the deciding rows rank a over b (AR) and b over a (speculative)
+        return None, f"; the re-run's rows do not pick the arms' tokens (gaps {g_ar.gap:+.3g}, {g_sp.gap:+.3g})"
+    return (g_ar, g_sp), ""
 
 
 def _own_verdict(model, at: str, g_ar, g_sp, excuse: float) -> tuple[str, bool]:

@@ -66,9 +66,10 @@ def rope_interleaved(x: torch.Tensor, positions: torch.Tensor, freqs: torch.Tens
 def _fused_rope_runs(x: torch.Tensor, positions: torch.Tensor, freqs: torch.Tensor) -> bool:
     """The Triton RoPE: half-precision CUDA tensors outside autograd, [B, T, (H,) dr] with the last stride 1."""
     return (FUSED_SMALL_OPS and x.is_cuda and x.dtype in HALF and ft.AVAILABLE and x.dim() in (3, 4)
-            and x.stride(-1) == 1
-            and x.shape[-1] % 2 == 0 and freqs.dtype == torch.float64 and freqs.numel() == x.shape[-1] // 2
-            and tuple(positions.shape) == tuple(x.shape[:2]) and not positions.dtype.is_floating_point
+            and x.stride(-1) == 1 and x.shape[-1] % 2 == 0
+            and freqs.dtype == torch.float64 and freqs.is_contiguous() and freqs.numel() == x.shape[-1] // 2
+            and tuple(positions.shape) == tuple(x.shape[:2]) and positions.dtype in (torch.int32, torch.int64)
+            and freqs.device == x.device == positions.device
             and not (torch.is_grad_enabled() and x.requires_grad))
 
 

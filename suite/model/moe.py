@@ -23,9 +23,10 @@ _GROUPED_OK: dict[tuple[str, torch.dtype], bool] = {}  # (device type, dtype) ->
 def gate_logits(x: torch.Tensor, w_gate: torch.Tensor) -> torch.Tensor:
     """[N, E] router logits with float32 values. For a float64 model: inputs rounded to float32, the dot
     product summed in float64 and rounded once (the reference's gate_logits_fp32); bf16 / fp16 on a GPU: one GEMM
-    of the half inputs with float32 accumulation and output (their products are exact in float32, so this is the
-    float32 matmul of the same values, summed in another order); else a float32 matmul. The GPU form reads the
-    [E, d] weight once in its own dtype: the float32 copy per call (~12 MB at kimi-k2's gate) is gone."""
+    of the half inputs with float32 accumulation and output (the products are exact in float32; tensor cores add
+    them in float32 with truncation, a few 1e-6 of the largest logit from float64 on the H200, plans/0015); else a
+    float32 matmul. The GPU form reads the [E, d] weight once in its own dtype: no float32 copy per call (~12 MB at
+    kimi-k2's gate)."""
     if x.dtype == torch.float64:
         return (x.float().double() @ w_gate.float().double().T).float().double()
     if x.is_cuda and x.dtype in (torch.bfloat16, torch.float16) and w_gate.dtype == x.dtype and x.dim() == 2:
@@ -92,7 +93,13 @@ def route(x: torch.Tensor, w_gate: torch.Tensor, bias: torch.Tensor, cfg: ModelC
 
 
 def swiglu(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, w3: torch.Tensor) -> torch.Tensor:
-    """W2 (silu(W1 x) * W3 x): x [N, d], w1/w3 [m, d], w2 [d, m] -> [N, d]."""
+    """W2 (silu(W1 x) * W3 x): x [N, d], w1/w3 [m, d], w2 [d, m] -> [N, d]. float64 on the CPU takes the
+    batch-invariant products (invariant.swiglu: each row's sums in one fixed tree), because a BLAS float64 GEMM can
+    round a row differently with the row count (MKL on an AMD EPYC: 1e-15 apart at M = 1 vs 2, s11), and the
+    exact checks need an expert's row to come out the same among any rows: expert-parallel shards with padding rows
+    against one process, AR against verify."""
+    if x.dtype == torch.float64 and not x.is_cuda:
+        return invariant.swiglu(x, w1, w2, w3)
     return (F.silu(x @ w1.T) * (x @ w3.T)) @ w2.T
 
 
