@@ -256,3 +256,16 @@ def test_gate_logits_on_the_gpu_are_the_float32_matmul_of_the_half_inputs(dtype,
     assert torch.equal(got, torch.mm(x, w.T, out_dtype=torch.float32)), "the half-input GEMM ran, not a fallback"
     err = float((got.double() - want).abs().max() / want.abs().max())
     assert err < 1e-5, err      # tensor-core float32 accumulation: 3e-6 and 4e-6 seen on the H200 (s11 call C)
+
+
+def test_float64_swiglu_gives_a_row_the_same_bits_among_any_rows():
+    """The exact CPU checks (expert parallelism against one process, AR against verify) need each row of an expert
+    GEMM to be independent of the call's row count: every row of calls of 1 .. 70 rows and 128 / 300 rows has the
+    bits it has in the 300-row call."""
+    g = torch.Generator().manual_seed(9)
+    x = torch.randn(300, 64, generator=g, dtype=torch.float64)
+    w1, w3 = torch.randn(2, 32, 64, generator=g, dtype=torch.float64)
+    w2 = torch.randn(64, 32, generator=g, dtype=torch.float64)
+    want = tmoe.swiglu(x, w1, w2, w3)
+    for m in list(range(1, 71)) + [128, 300]:
+        assert torch.equal(tmoe.swiglu(x[:m].clone(), w1, w2, w3), want[:m]), m

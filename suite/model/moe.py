@@ -93,14 +93,19 @@ def route(x: torch.Tensor, w_gate: torch.Tensor, bias: torch.Tensor, cfg: ModelC
 
 
 def swiglu(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, w3: torch.Tensor) -> torch.Tensor:
-    """W2 (silu(W1 x) * W3 x): x [N, d], w1/w3 [m, d], w2 [d, m] -> [N, d]. float64 on the CPU takes the
-    batch-invariant products (invariant.swiglu: each row's sums in one fixed tree), because a BLAS float64 GEMM can
-    round a row differently with the row count (MKL on an AMD EPYC: 1e-15 apart at M = 1 vs 2, s11), and the
-    exact checks need an expert's row to come out the same among any rows: expert-parallel shards with padding rows
-    against one process, AR against verify."""
-    if x.dtype == torch.float64 and not x.is_cuda:
-        return invariant.swiglu(x, w1, w2, w3)
+    """W2 (silu(W1 x) * W3 x): x [N, d], w1/w3 [m, d], w2 [d, m] -> [N, d]. float64 on the CPU pads the rows with
+    zero rows to a multiple of ROWS_F64: MKL on an AMD EPYC (s11) computes the last N mod 4 rows of a float64 GEMM
+    (and calls of 1-3 rows) on another path whose last bits differ, and the exact checks need an expert's row to
+    come out the same among any rows (expert-parallel shards with padding against one process, AR against verify).
+    With the padding every row of 1..300-row calls agreed there; tests/test_model.py checks it where it runs."""
+    n = x.shape[0]
+    if x.dtype == torch.float64 and not x.is_cuda and x.dim() == 2 and n % ROWS_F64:
+        pad = torch.cat((x, x.new_zeros(ROWS_F64 - n % ROWS_F64, x.shape[1])))
+        return swiglu(pad, w1, w2, w3)[:n]
     return (F.silu(x @ w1.T) * (x @ w3.T)) @ w2.T
+
+
+ROWS_F64 = 4
 
 
 def experts_loop(x, idx, weights, w1, w2, w3) -> torch.Tensor:
