@@ -24,6 +24,7 @@ import time
 import torch
 
 from kdbench.engine.engine import target_from_preset
+from kdbench.kinds.divergence import model_logs
 from kdbench.kinds.generation import next_logits
 from kdbench.model import moe as tmoe
 from kdbench.model.invariant_check import Probe, ar_decode, check_forward
@@ -56,12 +57,9 @@ def logit_scale(model: Transformer) -> dict:
 
 def _logged(model, fn):
     """fn() with model.margin_log collecting -> (fn's result, {layer: selection margin per row [rows]})."""
-    before, model.margin_log = model.margin_log, []
-    try:
+    with model_logs(model, ("margin_log",)) as logs:
         out = fn()
-        return out, {layer: m.double() for layer, m in model.margin_log}
-    finally:
-        model.margin_log = before
+    return out, {layer: m.double() for layer, m in logs.get("margin_log", [])}
 
 
 def three_paths(model: Transformer, attn: str, n: int = 1024, depth: int = 4) -> dict:

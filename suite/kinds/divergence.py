@@ -16,6 +16,7 @@ A recomputation by a third path (one prefill, the fallback) cannot separate thes
 what it measures."""
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -29,6 +30,21 @@ class OwnGap:
 
     def margin(self, layer: int) -> float:
         return dict(self.margins).get(layer, float("nan"))
+
+
+@contextmanager
+def model_logs(model, names=("margin_log", "route_log")):
+    """While active, the model's MoE logs among `names` that it has (Transformer.margin_log / route_log) collect
+    into fresh lists, yielded as {name: list}; the previous values come back on exit, exceptions included."""
+    logs = {n: [] for n in names if hasattr(model, n)}
+    before = {n: getattr(model, n) for n in logs}
+    for n, v in logs.items():
+        setattr(model, n, v)
+    try:
+        yield logs
+    finally:
+        for n, v in before.items():
+            setattr(model, n, v)
 
 
 class LogitTap:
@@ -48,15 +64,8 @@ class LogitTap:
         self._own = vars(self.model).get("forward")   # an instance's own forward (a wrapper) comes back on exit
 
         def forward(tokens, positions, cache, past_lens, anc=None, **kw):
-            logs = {n: [] for n in ("margin_log", "route_log") if hasattr(self.model, n)}
-            before = {n: getattr(self.model, n) for n in logs}
-            for n, v in logs.items():
-                setattr(self.model, n, v)
-            try:
+            with model_logs(self.model) as logs:
                 out = inner(tokens, positions, cache, past_lens, anc, **kw)
-            finally:
-                for n, v in before.items():
-                    setattr(self.model, n, v)
             self._inspect(tokens, positions, anc, kw.get("logit_rows"), out.logits, logs)
             return out
 

@@ -13,7 +13,7 @@ from kdbench.config import derive_seed
 from kdbench.engine.engine import generate, target_from_preset
 from kdbench.engine.records import GenerateResult
 from kdbench.engine.stages import Policy
-from kdbench.kinds.divergence import own_gaps, routing_flips
+from kdbench.kinds.divergence import model_logs, own_gaps, routing_flips
 from kdbench.model.drafter import BlockDrafter
 from kdbench.model.synthetic import SyntheticDrafter
 from kdbench.prompts import token_prompts
@@ -209,7 +209,7 @@ def losslessness(model, all_prompts, ar, spec, rerun=None) -> tuple[str, bool]:
     i, pos = where
     ar_tok = [t for r in ar for t in r.tokens][i]
     sp_tok = [t for r in spec for t in r.tokens][i]
-    excuse = 0.0 if getattr(model, "batch_invariant", False) else NEAR_TIE_LOGIT.get(model.dtype, 0.0)
+    excuse = _excuse(model, NEAR_TIE_LOGIT)
     at = f"prompt {i}, position {pos}"
     note = ""
     if rerun is not None:
@@ -220,6 +220,12 @@ def losslessness(model, all_prompts, ar, spec, rerun=None) -> tuple[str, bool]:
     kind = "near-tie" if abs(gap) < excuse else "MISMATCH"
     why = f"; router margin {margin[0]:.3g} at layer {margin[1]}" if margin else ""
     return f"no: {kind} ({at}, AR logit gap {gap:.4g} by prefill{why}{note})", kind == "MISMATCH"
+
+
+def _excuse(model, table: dict) -> float:
+    """The model dtype's entry of an excuse table; none for a batch-invariant target (it computes AR and verify
+    rows bit for bit alike)."""
+    return 0.0 if getattr(model, "batch_invariant", False) else table.get(model.dtype, 0.0)
 
 
 def _rerun_gaps(model, all_prompts, rerun, i: int, pos: int, ar_tok: list[int], b: int):
@@ -249,7 +255,7 @@ def _own_verdict(model, at: str, g_ar, g_sp, excuse: float) -> tuple[str, bool]:
     """near-tie / routing flip / MISMATCH from the two arms' own gaps (divergence.py)."""
     shift = g_ar.gap - g_sp.gap
     flips = routing_flips(g_ar, g_sp)
-    router = 0.0 if getattr(model, "batch_invariant", False) else ROUTER_EXCUSE.get(model.dtype, 0.0)
+    router = _excuse(model, ROUTER_EXCUSE)
     kind = ("near-tie" if abs(shift) < excuse else
             "routing flip" if flips and min(m for _, m in flips) < router else "MISMATCH")
     flip = "".join(f"; other experts at layer {layer} (margin {m:.3g} vs {router:g})" for layer, m in flips)
@@ -264,15 +270,9 @@ def logit_gap(model, prefix: list[int], a: int, b: int) -> tuple[float, tuple[fl
     layers with its layer, or None where the model logs none: no MoE layers, or a model without margin_log such as
     the sharded one): a margin near 0 means rounding could have chosen other experts there, which a logit gap
     cannot show (the verdict says it; it does not excuse)."""
-    log = [] if hasattr(model, "margin_log") else None
-    if log is not None:
-        before, model.margin_log = model.margin_log, log
-    try:
+    with model_logs(model, ("margin_log",)) as logs:
         logits = next_logits(model, prefix).double()
-    finally:
-        if log is not None:
-            model.margin_log = before
-    margins = [(float(m[-1]), layer) for layer, m in log or []]
+    margins = [(float(m[-1]), layer) for layer, m in logs.get("margin_log", [])]
     return float(logits[a] - logits[b]), min(margins) if margins else None
 
 

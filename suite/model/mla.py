@@ -39,11 +39,17 @@ def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
     return y.to(x.dtype)
 
 
+def _fused_small_op(x: torch.Tensor, available: bool, *grads: torch.Tensor) -> bool:
+    """What both one-launch ops need: switched on, Triton available, a half-precision CUDA x with the last stride 1,
+    and no gradient wanted through x or `grads` (the kernels have no backward)."""
+    return (FUSED_SMALL_OPS and available and x.is_cuda and x.dtype in HALF and x.stride(-1) == 1
+            and not (torch.is_grad_enabled() and any(t.requires_grad for t in (x, *grads))))
+
+
 def _fused_norm_runs(x: torch.Tensor, w: torch.Tensor) -> bool:
-    """The Triton norm has no backward and holds a row in registers: inference only, rows up to 16384 wide."""
-    return (FUSED_SMALL_OPS and x.is_cuda and x.dtype in HALF and tk.AVAILABLE and w.is_contiguous() and w.dim() == 1
-            and x.shape[-1] == w.shape[0] <= 16384 and x.stride(-1) == 1
-            and not (torch.is_grad_enabled() and (x.requires_grad or w.requires_grad)))
+    """The Triton norm holds a row in registers: rows up to 16384 wide."""
+    return (_fused_small_op(x, tk.AVAILABLE, w) and w.is_contiguous() and w.dim() == 1
+            and x.shape[-1] == w.shape[0] <= 16384)
 
 
 def inv_freq(cfg: ModelConfig, device) -> torch.Tensor:
@@ -64,13 +70,11 @@ def rope_interleaved(x: torch.Tensor, positions: torch.Tensor, freqs: torch.Tens
 
 
 def _fused_rope_runs(x: torch.Tensor, positions: torch.Tensor, freqs: torch.Tensor) -> bool:
-    """The Triton RoPE: half-precision CUDA tensors outside autograd, [B, T, (H,) dr] with the last stride 1."""
-    return (FUSED_SMALL_OPS and x.is_cuda and x.dtype in HALF and ft.AVAILABLE and x.dim() in (3, 4)
-            and x.stride(-1) == 1 and x.shape[-1] % 2 == 0
+    """The Triton RoPE: x [B, T, (H,) dr], float64 frequencies and int positions on x's device."""
+    return (_fused_small_op(x, ft.AVAILABLE) and x.dim() in (3, 4) and x.shape[-1] % 2 == 0
             and freqs.dtype == torch.float64 and freqs.is_contiguous() and freqs.numel() == x.shape[-1] // 2
             and tuple(positions.shape) == tuple(x.shape[:2]) and positions.dtype in (torch.int32, torch.int64)
-            and freqs.device == x.device == positions.device
-            and not (torch.is_grad_enabled() and x.requires_grad))
+            and freqs.device == x.device == positions.device)
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
