@@ -8,7 +8,7 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <cstdlib>  // getenv: KDB_TVM_TAIL
+#include <cstdlib>  // getenv: KDB_TVM_TAIL, KDB_TVM_SPLITS
 
 namespace kdb {
 namespace tvm {
@@ -28,6 +28,14 @@ inline int64_t tail_cost(int64_t units, int tiles, int pieces, int num_sms) {
 inline bool tail_plan_allowed() {
   const char* knob = std::getenv("KDB_TVM_TAIL");
   return !(knob != nullptr && knob[0] == '0');
+}
+
+// KDB_TVM_SPLITS=n (1..kMaxSplits) forces n uniform splits (capped at the KV tiles), no tail plan: the A/B knob of
+// reports/h200/decode_splits.py, which measures the split cost model on decode shapes. 0 (unset): the cost model.
+inline int forced_splits() {
+  const char* knob = std::getenv("KDB_TVM_SPLITS");
+  const int n = knob != nullptr ? std::atoi(knob) : 0;
+  return n >= 1 && n <= kMaxSplits ? n : 0;
 }
 
 // Rows of each partial block a plan writes (0: no partials) and how many blocks: B x T x H rows per uniform split,
@@ -75,6 +83,10 @@ TvmPlan tree_verify_mla_plan(const TreeVerifyMlaShape& s, int num_sms, TvmPath p
   const int64_t units = static_cast<int64_t>(s.batch) * row_tiles(s);
   const int tiles = std::max(1, (s.cache_len + kBlockN - 1) / kBlockN);
   TvmPlan plan;
+  if (const int forced = forced_splits()) {
+    plan.num_splits = std::min(forced, tiles);
+    return plan;
+  }
   int64_t best_cost = INT64_MAX;
   for (int n = 1; n <= std::min(kMaxSplits, tiles); ++n) {
     const int64_t cost = uniform_cost(units, tiles, n, num_sms);

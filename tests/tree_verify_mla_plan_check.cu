@@ -120,6 +120,25 @@ void check_o_tile() {
   for (int i = 0; i < 64 * 512; ++i) EXPECT(hits[i] == 1, "O element (%d, %d) written %d times", i / 512, i % 512, hits[i]);
 }
 
+// KDB_TVM_SPLITS (reports/h200/decode_splits.py's knob): n uniform splits capped at the KV tiles, no tail plan, every
+// unit and partial row covered as in the model's plans; values outside 1..kMaxSplits leave the cost model's plan.
+void check_forced_splits() {
+  const kdb::TreeVerifyMlaShape ar{1, 1, 64, 1025, 1}, small{2, 9, 16, 100, 1};
+  const kdb::TvmPlan model = kdb::tree_verify_mla_plan(ar, 132, kdb::TvmPath::kSeesaw);
+  setenv("KDB_TVM_SPLITS", "3", 1);
+  const kdb::TvmPlan p3 = kdb::tree_verify_mla_plan(ar, 132, kdb::TvmPath::kSeesaw);
+  EXPECT(p3.num_splits == 3 && p3.tail_pieces == 0, "forced 3: %d splits, %d tail pieces", p3.num_splits, p3.tail_pieces);
+  check_shape(ar.batch, ar.nodes, ar.heads, ar.cache_len, 132);
+  setenv("KDB_TVM_SPLITS", "64", 1);
+  const kdb::TvmPlan pcap = kdb::tree_verify_mla_plan(small, 132, kdb::TvmPath::kSeesaw);
+  EXPECT(pcap.num_splits == 2, "forced 64 on 2 KV tiles: %d splits", pcap.num_splits);
+  check_shape(small.batch, small.nodes, small.heads, small.cache_len, 132);
+  setenv("KDB_TVM_SPLITS", "65", 1);
+  const kdb::TvmPlan bad = kdb::tree_verify_mla_plan(ar, 132, kdb::TvmPath::kSeesaw);
+  EXPECT(bad.num_splits == model.num_splits && bad.tail_pieces == model.tail_pieces, "KDB_TVM_SPLITS=65 not ignored");
+  unsetenv("KDB_TVM_SPLITS");
+}
+
 }  // namespace
 
 int main() {
@@ -141,6 +160,7 @@ int main() {
     check_shape(b, t, h, s_len, sms), ++shapes;
     tails += kdb::tree_verify_mla_plan({b, t, h, s_len, (t + 63) / 64}, sms, kdb::TvmPath::kSeesaw).tail_pieces > 0;
   }
+  check_forced_splits(), shapes += 2;
   std::printf("%d shapes, %d random ones with a tail plan, %d failures\n", shapes, tails, failures);
   return failures == 0 && tails > 100 ? 0 : 1;
 }

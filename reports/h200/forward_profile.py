@@ -4,8 +4,8 @@ kernel with its count and total device time, sorted, and their sum beside the CU
 forward (CUDA events, median of 20 after 3). The floor's attention stage is at ~23 % of its floor at batch 1
 (plans/0003): this names what runs there. Also a same-process A/B of two of its ops, old form against the shipped
 one, each replayed as a CUDA graph in alternating order (ABBA, 2 rounds): the router gate (float32 weight copy +
-float32 GEMM vs moe.gate_logits) at 1 / 8 / 520 rows, and the RMS norm (eager formula vs mla.rms_norm) at the
-model's norm widths; and whole forwards (AR batch 1 and 8, verify batch 8 x 65) with the one-launch norm and RoPE
+float32 GEMM vs moe.gate_logits) at 1 / 8 / 520 rows, the RMS norm (eager formula vs mla.rms_norm) at the
+model's norm widths, and the Triton RoPE's float64 cos / sin (s11) vs the shipped reduced float32 ones (s12); and whole forwards (AR batch 1 and 8, verify batch 8 x 65) with the one-launch norm and RoPE
 against their eager formulas (mla.FUSED_SMALL_OPS), graphs captured per setting, ABBA over 2 rounds. Writes
 OUT/forward_profile.json.
 Usage (GPU machine, repo root): python3 reports/h200/forward_profile.py OUT_DIR"""
@@ -20,7 +20,7 @@ from torch.profiler import ProfilerActivity, profile
 
 from kdbench.engine.engine import target_from_preset
 from kdbench.engine.floor import _inputs
-from kdbench.model import mla
+from kdbench.model import fused_triton, mla
 from kdbench.model import moe as tmoe
 
 
@@ -79,6 +79,13 @@ def ops_ab(model) -> list[dict]:
             wn = w[next(k for k in w if k.endswith(name))]
             cases.append((f"{name} rows {n} d {d}", lambda x=x, wn=wn: eager_norm(x, wn, cfg.rms_eps),
                           lambda x=x, wn=wn: mla.rms_norm(x, wn, cfg.rms_eps)))
+    freqs, pos1 = model.freqs, torch.tensor([[1024]], device="cuda")
+    for n, rows, pos in ((1, 1, pos1), (8, 1, pos1.expand(8, 1)), (8, 65, torch.arange(65, device="cuda").expand(8, 65))):
+        for h, name in ((cfg.n_heads, "q_pe"), (0, "k_pe")):
+            shape = (n, rows, h, cfg.qk_rope_dim) if h else (n, rows, cfg.qk_rope_dim)
+            x = torch.randn(shape, generator=g, device="cuda").bfloat16()
+            cases.append((f"rope {name} rows {n}x{rows}", lambda x=x, p=pos: fused_triton.rope(x, p, freqs, True),
+                          lambda x=x, p=pos: mla.rope_interleaved(x, p, freqs)))
     out = []
     for name, old, new in cases:
         t = {"old": [], "new": []}

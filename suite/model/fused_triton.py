@@ -10,19 +10,34 @@ from .triton_base import AVAILABLE, IMPORT_ERROR, tl, triton  # noqa: F401 (re-e
 from .triton_base import jit as _jit
 
 
+_const = tl.constexpr if AVAILABLE else float  # a kernel reads module globals only as constexprs
+TWO_PI = _const(6.283185307179586)        # float64 2 pi: the reduction's error is ~1e-11 rad at 131K positions
+INV_TWO_PI = _const(0.15915494309189535)  # a product, not a float64 division (a slow sequence)
+
+
 @_jit(do_not_specialize=["T", "H"])
 def _rope_kernel(X, POS, F, Y, T, H, sxb, sxt, sxh, spb, spt, P: tl.constexpr, BH: tl.constexpr,
-                 BP: tl.constexpr):
-    """Program r = b * T + t rotates the H heads of row (b, t): pairs (x[2i], x[2i+1]) by pos * F[i], the angle
-    and its cos / sin in float64, the rotation in float32 (as mla._rotate), stored in Y's dtype, contiguous."""
+                 BP: tl.constexpr, FP64_TRIG: tl.constexpr):
+    """Program r = b * T + t rotates the H heads of row (b, t): pairs (x[2i], x[2i+1]) by pos * F[i], the angle in
+    float64, the rotation in float32 (as mla._rotate), stored in Y's dtype, contiguous. cos / sin: FP64_TRIG takes
+    libdevice's float64 ones (whose large-argument path made one call ~7.5 us at batch 1, plans/0003); otherwise
+    the angle is reduced to [-pi, pi] in float64 and rounded to float32 (error <= 2.4e-7 rad) for float32 cos / sin,
+    below a bf16 output's half ulp but for rare roundings (tests/test_model.py bounds them at one ulp)."""
     r = tl.program_id(0)
     b, t = r // T, r % T
     h = tl.arange(0, BH)
     i = tl.arange(0, BP)
     pos = tl.load(POS + b.to(tl.int64) * spb + t.to(tl.int64) * spt).to(tl.float64)
     ang = pos * tl.load(F + i, mask=i < P, other=0.0)                       # [BP] float64 radians
-    c = tl.cos(ang).to(tl.float32)[None, :]
-    s = tl.sin(ang).to(tl.float32)[None, :]
+    if FP64_TRIG:
+        c = tl.cos(ang).to(tl.float32)[None, :]
+        s = tl.sin(ang).to(tl.float32)[None, :]
+    else:
+        # float64 constants by tl.full: a bare float literal would be float32 (2 pi off by 1.7e-7 per turn)
+        turns = tl.floor(ang * tl.full([BP], INV_TWO_PI, tl.float64) + 0.5)
+        red = (ang - turns * tl.full([BP], TWO_PI, tl.float64)).to(tl.float32)  # [BP] in [-pi, pi]
+        c = tl.cos(red)[None, :]
+        s = tl.sin(red)[None, :]
     m = (h[:, None] < H) & (i[None, :] < P)
     xp = X + b.to(tl.int64) * sxb + t.to(tl.int64) * sxt + h[:, None].to(tl.int64) * sxh + 2 * i[None, :]
     x0 = tl.load(xp, mask=m, other=0.0).to(tl.float32)
@@ -32,9 +47,10 @@ def _rope_kernel(X, POS, F, Y, T, H, sxb, sxt, sxh, spb, spt, P: tl.constexpr, B
     tl.store(yp + 1, (x0 * s + x1 * c).to(Y.dtype.element_ty), mask=m)
 
 
-def rope(x: torch.Tensor, positions: torch.Tensor, freqs: torch.Tensor) -> torch.Tensor:
+def rope(x: torch.Tensor, positions: torch.Tensor, freqs: torch.Tensor, fp64_trig: bool = False) -> torch.Tensor:
     """x [B, T, dr] or [B, T, H, dr] (last stride 1), positions [B, T] int, freqs [dr / 2] float64 -> x rotated,
-    contiguous, x's dtype. Launched without FMA contraction, so products and sums round as torch's do."""
+    contiguous, x's dtype. Launched without FMA contraction, so products and sums round as torch's do.
+    fp64_trig: float64 cos / sin (s11's form; reports/h200/forward_profile.py times both)."""
     B, T = x.shape[:2]
     H = x.shape[2] if x.dim() == 4 else 1
     P = x.shape[-1] // 2
@@ -43,5 +59,5 @@ def rope(x: torch.Tensor, positions: torch.Tensor, freqs: torch.Tensor) -> torch
     if B * T * H:
         _rope_kernel[(B * T,)](x, positions, freqs, y, T, H, x.stride(0), x.stride(1), sxh, positions.stride(0),
                                positions.stride(1), P=P, BH=triton.next_power_of_2(H), BP=triton.next_power_of_2(P),
-                               num_warps=4, enable_fp_fusion=False)
+                               FP64_TRIG=fp64_trig, num_warps=4, enable_fp_fusion=False)
     return y
