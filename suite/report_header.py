@@ -7,7 +7,7 @@ import re
 from collections import Counter
 from typing import Any
 
-from kdbench.report_tables import grouped, low_high, median, missing, policy_label, shape_of
+from kdbench.report_tables import grouped, low_high, median, missing, policy_label, shape_of, speedup_unsure
 from kdbench.results import Record
 
 KIND_ORDER = ("kernel", "acceptance", "e2e", "topology")
@@ -26,12 +26,18 @@ def _greedy_drafted(r: Record) -> bool:
 
 
 def _generation_items(recs: list[Record]) -> list[str]:
-    """e2e speedup below 1, predicted vs measured speedup apart by more than 25 %, greedy runs not lossless."""
+    """e2e speedup below 1 or above it with an interval reaching below 1, predicted vs measured speedup apart by
+    more than 25 %, greedy runs not lossless."""
     items = []
     slow = [r for r in recs if not missing(r.speedup_vs_ar) and r.speedup_vs_ar < 1]
     if slow:
         lo, hi = low_high(r.speedup_vs_ar for r in slow)
         items.append(f"{len(slow)} row(s) slower than AR (speedup {lo:.2f}–{hi:.2f}×): {_where(slow)}")
+    unsure = [r for r in recs if speedup_unsure(r)]
+    if unsure:
+        lo, hi = low_high(r.extra["speedup_ci95"][0] for r in unsure)
+        items.append(f"{len(unsure)} row(s) faster than AR whose speedup's 95% interval over prompts reaches below 1 "
+                     f"(lower ends {lo:.2f}–{hi:.2f}×): {_where(unsure)}")
     off = [r for r in recs if not missing(r.predicted_speedup) and not missing(r.speedup_vs_ar)
            and r.speedup_vs_ar > 0 and abs(r.predicted_speedup / r.speedup_vs_ar - 1) > PREDICTION_TOLERANCE]
     if off:

@@ -87,6 +87,19 @@ def verdict_counts(records: list[Record]) -> list[tuple[str, int]]:
 PREDICTION_OFF = 0.25   # e2e: predicted / measured speedup further than this from 1 needs a look
 
 
+def speedup_unsure(rec: Record) -> bool:
+    """A speculative row faster than AR whose speedup interval (tau's over prompts, intervals.py) reaches below 1."""
+    ci = rec.extra.get("speedup_ci95")
+    return not missing(rec.speedup_vs_ar) and rec.speedup_vs_ar >= 1 and bool(ci) and ci[0] < 1
+
+
+def ci_text(ci, n, unit: str = "") -> str:
+    """'lo-hi (n prompts)' of a [lo, hi] interval, 'n prompts: none' below two prompts, '' without one."""
+    if not ci:
+        return f"{n} prompt: none" if n == 1 else ""
+    return f"{ci[0]:.2f}-{ci[1]:.2f}{unit} ({n} prompts)"
+
+
 def e2e_flags(rec: Record) -> list[str]:
     """Why an e2e speculative row needs a look though no check failed: slower than AR, a predicted speedup off
     the measured one by more than PREDICTION_OFF, or greedy output that differs from AR (issue 11 item 7)."""
@@ -95,6 +108,10 @@ def e2e_flags(rec: Record) -> list[str]:
     out = []
     if rec.speedup_vs_ar < 1:
         out.append(f"speedup {rec.speedup_vs_ar:.2f}x < 1 vs AR")
+    elif speedup_unsure(rec):
+        lo, hi = rec.extra["speedup_ci95"]
+        out.append(f"speedup {rec.speedup_vs_ar:.2f}x, but its 95% interval over {rec.extra.get('tau_prompts')} "
+                   f"prompts ({lo:.2f}-{hi:.2f}x) reaches below 1")
     if not missing(rec.predicted_speedup) and abs(rec.predicted_speedup / rec.speedup_vs_ar - 1) > PREDICTION_OFF:
         eff = rec.extra.get("slot_efficiency")   # kinds/e2e.slot_efficiency: finished requests keep their slots
         why = f"; slot efficiency {eff:.2f}: predicted x it = {rec.predicted_speedup * eff:.2f}x" if eff else ""
@@ -243,7 +260,8 @@ KERNEL_COLUMNS = [   # (header, key, format) after the case cell; p20-p80, speed
 GEN_COLUMNS = [
     ("case", "case", "text"), ("policy", "policy", "text"), ("backend", "backend", "text"),
     ("dtype", "dtype", "text"), ("budget", "budget", "int"), ("status", "status", "text"), ("tau", "tau", "num"),
-    ("tokens/s", "tokens_per_s", "num"), ("speedup vs AR", "speedup_vs_ar", "x"),
+    ("tau 95% interval", "tau_ci", "note"), ("tokens/s", "tokens_per_s", "num"), ("speedup vs AR", "speedup_vs_ar", "x"),
+    ("speedup 95% interval", "speedup_ci", "note"),
     ("predicted speedup", "predicted_speedup", "x"), ("slot efficiency", "slot_eff", "num"),
     ("graph mode", "graph_mode", "text"),
     ("TTFT", "ttft_s", "time"), ("TPOT", "tpot_s", "time"),
@@ -304,7 +322,9 @@ def generation_rows(recs: list[Record], depths: int = 4) -> list[dict[str, Any]]
         budget = r.extra.get("budget", None if policy == "ar" else shape_of(r).get("budget"))  # AR has no tree
         out.append(row(r, policy=policy, budget=budget, per_depth=rates[:depths],
                        more_depths=len(rates) > depths, note=extra_note, graph_mode=graph_mode(r),
-                       slot_eff=r.extra.get("slot_efficiency"), **forward_cells(r)))
+                       slot_eff=r.extra.get("slot_efficiency"), **forward_cells(r),
+                       tau_ci=ci_text(r.extra.get("tau_ci95"), r.extra.get("tau_prompts")),
+                       speedup_ci=ci_text(r.extra.get("speedup_ci95"), r.extra.get("tau_prompts"), "x")))
     return out
 
 

@@ -81,6 +81,15 @@ def test_e2e_kind(tmp_path):
     assert math.isclose(spec.speedup_vs_ar, spec.tokens_per_s / ar.tokens_per_s)
     assert math.isclose(spec.predicted_speedup, spec.tau * ar.time_median_s / spec.time_median_s)
     assert spec.ttft_s > 0 and spec.tpot_s > 0
+    # tau's interval over the 2 prompts (t(1) = 12.706) and the speedup's, scaled by tau at fixed step times
+    tau_p = spec.extra["tau_per_prompt"]
+    assert len(tau_p) == spec.extra["tau_prompts"] == 2 and math.isclose(spec.extra["tau_prompt_mean"], sum(tau_p) / 2)
+    lo, hi = spec.extra["tau_ci95"]
+    assert math.isclose(hi - lo, 2 * 12.706 * abs(tau_p[0] - tau_p[1]) / 2, rel_tol=1e-9, abs_tol=1e-12)
+    s_lo, s_hi = spec.extra["speedup_ci95"]
+    assert math.isclose(s_lo, spec.speedup_vs_ar * lo / spec.extra["tau_prompt_mean"])
+    assert math.isclose(s_hi, spec.speedup_vs_ar * hi / spec.extra["tau_prompt_mean"])
+    assert "tau_ci95" not in ar.extra
 
 
 def test_topology_link_modes_skip_on_cpu_with_the_reason(tmp_path):

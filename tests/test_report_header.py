@@ -1,4 +1,5 @@
-"""The report's top (issue 10 item 3): a verdict per kind that flags e2e rows slower than AR, predictions
+"""The report's top (issue 10 item 3): a verdict per kind that flags e2e rows slower than AR (or faster with an
+interval over prompts reaching below 1), predictions
 more than 25 % off and lossy greedy runs above any green line; header facts (commits of merged runs, clocks,
 throttled rows); ceilings per device the row was timed on; tolerances per case; whole-word skip reasons."""
 import json
@@ -37,6 +38,20 @@ def test_e2e_row_slower_than_ar_needs_attention():
     assert v["attention"] and "1 row(s) slower than AR (speedup 0.40–0.40×)" in v["issues"][0]
     assert not issues([e2e(speedup=1.2)])["attention"]
     assert not issues([e2e(policy="ar", speedup=math.nan)])["attention"]     # AR rows carry no speedup
+
+
+def test_faster_row_whose_interval_reaches_below_one_needs_attention():
+    unsure, sure = e2e(speedup=1.2), e2e(speedup=1.3)
+    unsure.extra.update({"speedup_ci95": [0.9, 1.5], "tau_prompts": 3})
+    sure.extra.update({"speedup_ci95": [1.1, 1.5], "tau_prompts": 24})
+    v = issues([unsure, sure])
+    assert v["attention"] and len(v["issues"]) == 1
+    assert "1 row(s) faster than AR whose speedup's 95% interval over prompts reaches below 1" in v["issues"][0]
+    assert not issues([sure])["attention"]
+    flags = report_tables.e2e_flags(unsure)
+    assert flags == ["speedup 1.20x, but its 95% interval over 3 prompts (0.90-1.50x) reaches below 1"]
+    cells = report_tables.generation_rows([unsure])[0]
+    assert cells["speedup_ci"] == "0.90-1.50x (3 prompts)" and cells["tau_ci"] == ""
 
 
 def test_prediction_more_than_25_percent_off_needs_attention_and_absence_is_fine():

@@ -2,11 +2,12 @@
 1024 committed keys (the e2e floor cases' shape, engine/floor.py's inputs), eager under torch.profiler: every CUDA
 kernel with its count and total device time, sorted, and their sum beside the CUDA-graph replay of the same
 forward (CUDA events, median of 20 after 3). The floor's attention stage is at ~23 % of its floor at batch 1
-(plans/0003): this names what runs there. Also a same-process A/B of two of its ops, old form against the shipped
-one, each replayed as a CUDA graph in alternating order (ABBA, 2 rounds): the router gate (float32 weight copy +
-float32 GEMM vs moe.gate_logits) at 1 / 8 / 520 rows, the RMS norm (eager formula vs mla.rms_norm) at the
-model's norm widths, and the Triton RoPE's float64 cos / sin (s11) vs the shipped reduced float32 ones (s12); and whole forwards (AR batch 1 and 8, verify batch 8 x 65) with the one-launch norm and RoPE
-against their eager formulas (mla.FUSED_SMALL_OPS), graphs captured per setting, ABBA over 2 rounds. Writes
+(plans/0003): this names what runs there. Also a same-process A/B of some of its ops, old form against the shipped
+one, each a CUDA graph of OP_INNER calls (per-call time) in alternating order (ABBA, 2 rounds): the router gate
+(float32 weight copy + float32 GEMM vs moe.gate_logits) at 1 / 8 / 520 rows, the RMS norm (eager formula vs
+mla.rms_norm) at the model's norm widths, the Triton RoPE's float64 cos / sin (s11) vs the shipped reduced float32
+ones (s12) and its heads per program; and whole forwards (AR batch 1 and 8, verify batch 8 x 65) with the one-launch
+norm and RoPE against their eager formulas (mla.FUSED_SMALL_OPS), graphs captured per setting, ABBA over 2 rounds. Writes
 OUT/forward_profile.json.
 Usage (GPU machine, repo root): python3 reports/h200/forward_profile.py OUT_DIR"""
 from __future__ import annotations
@@ -24,12 +25,15 @@ from kdbench.model import fused_triton, mla
 from kdbench.model import moe as tmoe
 
 
-def graph_ms(fn, reps: int = 20) -> float:
+def graph_ms(fn, reps: int = 20, inner: int = 1) -> float:
+    """Median of `reps` replays of a graph of `inner` calls of fn, per call: inner > 1 amortizes the graph's launch
+    (~15-25 us, the whole of a one-op graph's reading: s11 and s12 call A)."""
     fn()
     torch.cuda.synchronize()
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
-        fn()
+        for _ in range(inner):
+            fn()
     for _ in range(3):
         g.replay()
     out = []
@@ -39,7 +43,7 @@ def graph_ms(fn, reps: int = 20) -> float:
         g.replay()
         b.record()
         torch.cuda.synchronize()
-        out.append(a.elapsed_time(b))
+        out.append(a.elapsed_time(b) / inner)
     return statistics.median(out)
 
 
@@ -58,6 +62,9 @@ def kernels(fn) -> list[dict]:
         r["count"] += 1
         r["us"] += ev.device_time
     return sorted(rows.values(), key=lambda r: -r["us"])
+
+
+OP_INNER = 20   # calls per graph in ops_ab (s12; s11's one-call graphs read ~15-25 us of launch for every op)
 
 
 def eager_norm(x, w, eps):
@@ -86,12 +93,17 @@ def ops_ab(model) -> list[dict]:
             x = torch.randn(shape, generator=g, device="cuda").bfloat16()
             cases.append((f"rope {name} rows {n}x{rows}", lambda x=x, p=pos: fused_triton.rope(x, p, freqs, True),
                           lambda x=x, p=pos: mla.rope_interleaved(x, p, freqs)))
+            if h:
+                for bh in (8, 16):
+                    cases.append((f"rope {name} rows {n}x{rows} vs {bh} heads a program",
+                                  lambda x=x, p=pos: mla.rope_interleaved(x, p, freqs),
+                                  lambda x=x, p=pos, bh=bh: fused_triton.rope(x, p, freqs, block_heads=bh)))
     out = []
     for name, old, new in cases:
         t = {"old": [], "new": []}
         for order in (("old", "new"), ("new", "old"), ("new", "old"), ("old", "new")):
             for k in order:
-                t[k].append(graph_ms(old if k == "old" else new))
+                t[k].append(graph_ms(old if k == "old" else new, inner=OP_INNER))
         rec = {"op": name, "old_us": 1e3 * statistics.median(t["old"]), "new_us": 1e3 * statistics.median(t["new"])}
         out.append(rec)
         print(f"  {name:28s} old {rec['old_us']:7.1f} us  new {rec['new_us']:7.1f} us", flush=True)

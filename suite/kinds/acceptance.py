@@ -29,9 +29,8 @@ def run(case, ctx) -> Iterator[Record]:
                           "steps": stats.steps, "mean_tree_size": stats.mean_tree, "policy": policy.label,
                           "drafter": make(0, 1).name, "tau_convention": "tau counts the bonus token",
                           "budget": s.budget})
-        tau_p = gen.per_prompt_tau(spec)
-        rec.extra["tau_per_prompt"] = tau_p
-        rec.extra["tau_per_category"] = gen.by_category(tau_p, gen.prompt_categories(s))
+        rec.extra.update(gen.tau_uncertainty(spec))
+        rec.extra["tau_per_category"] = gen.by_category(rec.extra["tau_per_prompt"], gen.prompt_categories(s))
         if s.temperature == 0:
             rerun = gen.batch_rerun(model, make, all_prompts, s, policy, backend, case.seed)
             rec.lossless, bug = gen.losslessness(model, all_prompts, ar, spec, rerun)

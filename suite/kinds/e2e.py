@@ -1,6 +1,6 @@
 """e2e kind: per-step latency by stage (draft, build, verify, accept, compact, commit), tokens/s, speedup
 over AR on the same backend, TTFT / TPOT, the predicted speedup tau * t_AR / t_step beside the measured one,
-and energy per committed token. Both arms run as CUDA graphs where both can be captured, else both eagerly
+energy per committed token, and tau's 95 % interval over prompts with the speedup's (intervals.py). Both arms run as CUDA graphs where both can be captured, else both eagerly
 (graph_mode in every row); forward_floor adds the forwards' per-stage floors. Formulas: plans/0005-measurement.md,
 plans/0003-engine.md."""
 from __future__ import annotations
@@ -47,6 +47,7 @@ def _run_backend(case, ctx, backend: str) -> Iterator[Record]:
                       "ar_tokens_per_s": ar_rec.tokens_per_s, "ar_step_median_s": ar_rec.time_median_s,
                       "predicted_over_measured": rec.predicted_speedup / rec.speedup_vs_ar,
                       "ar_graph_mode": mode, **slot_efficiency(spec[0], s.max_new_tokens)})
+    rec.extra.update(gen.tau_uncertainty(spec[0], rec.speedup_vs_ar))
     for r in (ar_rec, rec):
         r.extra.update({"graph_reason": why} if why else {})
     if mode == "graph":

@@ -18,14 +18,14 @@ INV_TWO_PI = _const(0.15915494309189535)  # a product, not a float64 division (a
 @_jit(do_not_specialize=["T", "H"])
 def _rope_kernel(X, POS, F, Y, T, H, sxb, sxt, sxh, spb, spt, P: tl.constexpr, BH: tl.constexpr,
                  BP: tl.constexpr, FP64_TRIG: tl.constexpr):
-    """Program r = b * T + t rotates the H heads of row (b, t): pairs (x[2i], x[2i+1]) by pos * F[i], the angle in
+    """Program (r, j), r = b * T + t, rotates heads j * BH .. j * BH + BH - 1 (< H) of row (b, t): pairs (x[2i], x[2i+1]) by pos * F[i], the angle in
     float64, the rotation in float32 (as mla._rotate), stored in Y's dtype, contiguous. cos / sin: FP64_TRIG takes
     libdevice's float64 ones (whose large-argument path made one call ~7.5 us at batch 1, plans/0003); otherwise
     the angle is reduced to [-pi, pi] in float64 and rounded to float32 (error <= 2.4e-7 rad) for float32 cos / sin,
     below a bf16 output's half ulp but for rare roundings (tests/test_model.py bounds them at one ulp)."""
     r = tl.program_id(0)
     b, t = r // T, r % T
-    h = tl.arange(0, BH)
+    h = tl.program_id(1) * BH + tl.arange(0, BH)
     i = tl.arange(0, BP)
     pos = tl.load(POS + b.to(tl.int64) * spb + t.to(tl.int64) * spt).to(tl.float64)
     ang = pos * tl.load(F + i, mask=i < P, other=0.0)                       # [BP] float64 radians
@@ -47,17 +47,21 @@ def _rope_kernel(X, POS, F, Y, T, H, sxb, sxt, sxh, spb, spt, P: tl.constexpr, B
     tl.store(yp + 1, (x0 * s + x1 * c).to(Y.dtype.element_ty), mask=m)
 
 
-def rope(x: torch.Tensor, positions: torch.Tensor, freqs: torch.Tensor, fp64_trig: bool = False) -> torch.Tensor:
+def rope(x: torch.Tensor, positions: torch.Tensor, freqs: torch.Tensor, fp64_trig: bool = False,
+         block_heads: int | None = None) -> torch.Tensor:
     """x [B, T, dr] or [B, T, H, dr] (last stride 1), positions [B, T] int, freqs [dr / 2] float64 -> x rotated,
     contiguous, x's dtype. Launched without FMA contraction, so products and sums round as torch's do.
-    fp64_trig: float64 cos / sin (s11's form; reports/h200/forward_profile.py times both)."""
+    fp64_trig: float64 cos / sin (s11's form); block_heads: heads per program (a power of 2; None: all of a row's in
+    one). reports/h200/forward_profile.py times the forms."""
     B, T = x.shape[:2]
     H = x.shape[2] if x.dim() == 4 else 1
     P = x.shape[-1] // 2
     sxh = x.stride(2) if x.dim() == 4 else 0
     y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    bh = triton.next_power_of_2(H) if block_heads is None else block_heads
     if B * T * H:
-        _rope_kernel[(B * T,)](x, positions, freqs, y, T, H, x.stride(0), x.stride(1), sxh, positions.stride(0),
-                               positions.stride(1), P=P, BH=triton.next_power_of_2(H), BP=triton.next_power_of_2(P),
-                               FP64_TRIG=fp64_trig, num_warps=4, enable_fp_fusion=False)
+        _rope_kernel[(B * T, triton.cdiv(H, bh))](
+            x, positions, freqs, y, T, H, x.stride(0), x.stride(1), sxh, positions.stride(0), positions.stride(1),
+            P=P, BH=bh, BP=triton.next_power_of_2(P), FP64_TRIG=fp64_trig, num_warps=4 if bh >= 16 else 1,
+            enable_fp_fusion=False)
     return y
