@@ -1,10 +1,12 @@
-"""How sure a tau (and the speedup it drives) is: a 95 % Student-t interval of the mean over prompts.
+"""How sure a tau (and the speedup it drives) is: a 95 % Student-t interval over prompts.
 
-A run's tau is one number per prompt set; prompts differ (a code prompt accepts more than a chat one), and a small
-change in numerics moves one draft and with it the alignment of every later block of that prompt, so the
-per-prompt mean tau is the unit that varies. The interval is mean +- t(0.975, n - 1) s / sqrt(n) over the n
-per-prompt means (s: their sample standard deviation). It is wide for few prompts by design (t = 4.30 at n = 3):
-a batch-1 row over three prompts cannot tell 1.2x from 1.4x, and the report says so (plans/0003 "Uncertainty").
+Prompts differ (a repetitive prompt accepts far more than a chat one), and a small change in numerics moves one draft
+and with it the alignment of every later block of that prompt, so the prompt is the unit that varies. A run's tau is
+pooled over steps: tau = sum_i y_i / sum_i x_i, prompt i taking x_i speculative steps that commit y_i tokens. Its
+interval is the ratio estimator's: tau +- t(0.975, n - 1) SE, SE = sqrt(sum_i (y_i - tau x_i)^2 / (n (n - 1))) / x_bar
+over the n prompts with a step (the delta method; with equal x_i it is the t interval of the per-prompt means). It is
+wide for few prompts by design (t = 4.30 at n = 3): a batch-1 row over three prompts cannot tell 1.2x from 1.4x, and
+the report says so (plans/0003 "Uncertainty").
 """
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ from typing import NamedTuple
 # t(0.975, df), two-sided 95 %; a df between entries takes the entry below it (a larger t: conservative)
 T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228,
         12: 2.179, 15: 2.131, 20: 2.086, 25: 2.060, 30: 2.042, 40: 2.021, 60: 2.000, 120: 1.980}
-Z975 = 1.960  # df beyond the table's last entry's reach: the normal quantile
+Z975 = 1.960  # df above 1000: the normal quantile
 
 
 def t975(df: int) -> float:
@@ -26,29 +28,30 @@ def t975(df: int) -> float:
     return T975[max(k for k in T975 if k <= df)]
 
 
-class MeanInterval(NamedTuple):
-    mean: float
-    lo: float | None   # None: fewer than 2 values, no interval
+class Interval(NamedTuple):
+    value: float       # the estimate: the pooled ratio
+    lo: float | None   # None: fewer than 2 prompts, no interval
     hi: float | None
-    n: int
+    n: int             # prompts that count (x_i > 0)
 
 
-def mean_interval(values) -> MeanInterval:
-    """The 95 % t interval of the mean of the finite values (NaN: a prompt with no speculative step)."""
-    xs = [float(v) for v in values if v is not None and math.isfinite(float(v))]
-    n = len(xs)
+def ratio_interval(ys, xs) -> Interval:
+    """The 95 % interval of sum(y) / sum(x) over units (y_i, x_i) with x_i > 0 (others are left out)."""
+    pairs = [(float(y), float(x)) for y, x in zip(ys, xs) if x > 0]
+    n = len(pairs)
     if n == 0:
-        return MeanInterval(float("nan"), None, None, 0)
-    mean = sum(xs) / n
+        return Interval(float("nan"), None, None, 0)
+    sx = sum(x for _, x in pairs)
+    r = sum(y for y, _ in pairs) / sx
     if n < 2:
-        return MeanInterval(mean, None, None, n)
-    sd = math.sqrt(sum((x - mean) ** 2 for x in xs) / (n - 1))
-    half = t975(n - 1) * sd / math.sqrt(n)
-    return MeanInterval(mean, mean - half, mean + half, n)
+        return Interval(r, None, None, n)
+    se = math.sqrt(sum((y - r * x) ** 2 for y, x in pairs) / (n * (n - 1))) / (sx / n)
+    half = t975(n - 1) * se
+    return Interval(r, r - half, r + half, n)
 
 
-def scaled(value: float, iv: MeanInterval) -> list[float] | None:
-    """[lo, hi] of a figure proportional to the interval's mean (a speedup at fixed step times), or None."""
-    if iv.lo is None or not iv.mean > 0:
+def scaled(value: float, iv: Interval) -> list[float] | None:
+    """[lo, hi] of a figure proportional to the interval's estimate (a speedup at fixed step times), or None."""
+    if iv.lo is None or not iv.value > 0:
         return None
-    return [value * iv.lo / iv.mean, value * iv.hi / iv.mean]
+    return [value * iv.lo / iv.value, value * iv.hi / iv.value]

@@ -5,8 +5,8 @@ forward (CUDA events, median of 20 after 3). The floor's attention stage is at ~
 (plans/0003): this names what runs there. Also a same-process A/B of some of its ops, old form against the shipped
 one, each a CUDA graph of OP_INNER calls (per-call time) in alternating order (ABBA, 2 rounds): the router gate
 (float32 weight copy + float32 GEMM vs moe.gate_logits) at 1 / 8 / 520 rows, the RMS norm (eager formula vs
-mla.rms_norm) at the model's norm widths, the Triton RoPE's float64 cos / sin (s11) vs the shipped reduced float32
-ones (s12) and its heads per program; and whole forwards (AR batch 1 and 8, verify batch 8 x 65) with the one-launch
+mla.rms_norm) at the model's norm widths, the Triton RoPE's forms (s11's float64 cos / sin and one program for all
+heads, other heads per program) vs the shipped one (reduced float32 cos / sin, 8 heads a program, s12); and whole forwards (AR batch 1 and 8, verify batch 8 x 65) with the one-launch
 norm and RoPE against their eager formulas (mla.FUSED_SMALL_OPS), graphs captured per setting, ABBA over 2 rounds. Writes
 OUT/forward_profile.json.
 Usage (GPU machine, repo root): python3 reports/h200/forward_profile.py OUT_DIR"""
@@ -86,18 +86,7 @@ def ops_ab(model) -> list[dict]:
             wn = w[next(k for k in w if k.endswith(name))]
             cases.append((f"{name} rows {n} d {d}", lambda x=x, wn=wn: eager_norm(x, wn, cfg.rms_eps),
                           lambda x=x, wn=wn: mla.rms_norm(x, wn, cfg.rms_eps)))
-    freqs, pos1 = model.freqs, torch.tensor([[1024]], device="cuda")
-    for n, rows, pos in ((1, 1, pos1), (8, 1, pos1.expand(8, 1)), (8, 65, torch.arange(65, device="cuda").expand(8, 65))):
-        for h, name in ((cfg.n_heads, "q_pe"), (0, "k_pe")):
-            shape = (n, rows, h, cfg.qk_rope_dim) if h else (n, rows, cfg.qk_rope_dim)
-            x = torch.randn(shape, generator=g, device="cuda").bfloat16()
-            cases.append((f"rope {name} rows {n}x{rows}", lambda x=x, p=pos: fused_triton.rope(x, p, freqs, True),
-                          lambda x=x, p=pos: mla.rope_interleaved(x, p, freqs)))
-            if h:
-                for bh in (8, 16):
-                    cases.append((f"rope {name} rows {n}x{rows} vs {bh} heads a program",
-                                  lambda x=x, p=pos: mla.rope_interleaved(x, p, freqs),
-                                  lambda x=x, p=pos, bh=bh: fused_triton.rope(x, p, freqs, block_heads=bh)))
+    cases += rope_cases(model, g)
     out = []
     for name, old, new in cases:
         t = {"old": [], "new": []}
@@ -106,8 +95,26 @@ def ops_ab(model) -> list[dict]:
                 t[k].append(graph_ms(old if k == "old" else new, inner=OP_INNER))
         rec = {"op": name, "old_us": 1e3 * statistics.median(t["old"]), "new_us": 1e3 * statistics.median(t["new"])}
         out.append(rec)
-        print(f"  {name:28s} old {rec['old_us']:7.1f} us  new {rec['new_us']:7.1f} us", flush=True)
+        print(f"  {name:60s} old {rec['old_us']:7.1f} us  new {rec['new_us']:7.1f} us", flush=True)
     return out
+
+
+def rope_cases(model, g) -> list[tuple]:
+    """(name, old form, shipped form) of the Triton RoPE at AR batch 1 / 8 and verify 8 x 65: q_pe (64 heads) under
+    s11's form and other heads per program, k_pe (one head) under s11's float64 cos / sin."""
+    cfg, freqs, pos1, cases = model.cfg, model.freqs, torch.tensor([[1024]], device="cuda"), []
+    for n, rows, pos in ((1, 1, pos1), (8, 1, pos1.expand(8, 1)), (8, 65, torch.arange(65, device="cuda").expand(8, 65))):
+        for h, name in ((cfg.n_heads, "q_pe"), (0, "k_pe")):
+            x = torch.randn((n, rows, h, cfg.qk_rope_dim) if h else (n, rows, cfg.qk_rope_dim), generator=g,
+                            device="cuda").bfloat16()
+            forms = (("s11: float64 cos / sin, all heads a program", dict(fp64_trig=True, block_heads=64)),
+                     ("all heads a program", dict(block_heads=64)), ("16 heads a program", dict(block_heads=16)),
+                     ("4 heads a program", dict(block_heads=4))) if h else (("s11", dict(fp64_trig=True)),)
+            for label, kw in forms:
+                cases.append((f"rope {name} rows {n}x{rows}: {label} vs shipped",
+                              lambda x=x, p=pos, kw=kw: fused_triton.rope(x, p, freqs, **kw),
+                              lambda x=x, p=pos: mla.rope_interleaved(x, p, freqs)))
+    return cases
 
 
 def forwards_ab(model) -> list[dict]:

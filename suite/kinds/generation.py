@@ -13,7 +13,7 @@ from kdbench.config import derive_seed
 from kdbench.engine.engine import generate, target_from_preset
 from kdbench.engine.records import GenerateResult
 from kdbench.engine.stages import Policy
-from kdbench.intervals import mean_interval, scaled
+from kdbench.intervals import ratio_interval, scaled
 from kdbench.kinds.divergence import model_logs, own_gaps, routing_flips
 from kdbench.model.drafter import BlockDrafter
 from kdbench.model.synthetic import SyntheticDrafter
@@ -170,22 +170,29 @@ def step_stats(results: list[GenerateResult], depth: int) -> StepStats:
                      int(taus.size), float(np.mean(sizes)))
 
 
-def per_prompt_tau(results: list[GenerateResult]) -> list[float]:
-    """Mean tau of each prompt over its steps (prompt order, batches concatenated): the paired statistic."""
+def per_prompt_steps(results: list[GenerateResult]) -> list[tuple[float, int]]:
+    """(tokens committed, speculative steps) of each prompt (prompt order, batches concatenated); a finished
+    request's later steps (tau 0) do not count."""
     out = []
     for r in results:
         for b in range(len(r.tokens)):
             taus = [st.tau[b] for st in r.steps if st.tau[b] > 0]
-            out.append(float(np.mean(taus)) if taus else float("nan"))
+            out.append((float(sum(taus)), len(taus)))
     return out
 
 
+def per_prompt_tau(results: list[GenerateResult]) -> list[float]:
+    """Mean tau of each prompt over its steps (prompt order, batches concatenated): the paired statistic."""
+    return [y / x if x else float("nan") for y, x in per_prompt_steps(results)]
+
+
 def tau_uncertainty(results: list[GenerateResult], speedup: float | None = None) -> dict:
-    """Per-prompt tau, its 95 % interval over prompts (intervals.py) and, given the measured speedup, the interval
-    that implies for it at the measured step times (the step time's own spread, p20-p80 within ~1 %, left out)."""
-    tau_p = per_prompt_tau(results)
-    iv = mean_interval(tau_p)
-    out = {"tau_per_prompt": tau_p, "tau_prompt_mean": iv.mean, "tau_prompts": iv.n,
+    """Per-prompt tau, the pooled tau's 95 % interval over prompts (intervals.py) and, given the measured speedup,
+    the interval that implies for it at the measured step times (the step time's spread, p20-p80 within ~1 %, is
+    left out)."""
+    steps = per_prompt_steps(results)
+    iv = ratio_interval([y for y, _ in steps], [x for _, x in steps])
+    out = {"tau_per_prompt": [y / x if x else float("nan") for y, x in steps], "tau_prompts": iv.n,
            "tau_ci95": None if iv.lo is None else [iv.lo, iv.hi]}
     if speedup is not None:
         out["speedup_ci95"] = scaled(speedup, iv)

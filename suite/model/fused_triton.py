@@ -20,7 +20,7 @@ def _rope_kernel(X, POS, F, Y, T, H, sxb, sxt, sxh, spb, spt, P: tl.constexpr, B
                  BP: tl.constexpr, FP64_TRIG: tl.constexpr):
     """Program (r, j), r = b * T + t, rotates heads j * BH .. j * BH + BH - 1 (< H) of row (b, t): pairs (x[2i], x[2i+1]) by pos * F[i], the angle in
     float64, the rotation in float32 (as mla._rotate), stored in Y's dtype, contiguous. cos / sin: FP64_TRIG takes
-    libdevice's float64 ones (whose large-argument path made one call ~7.5 us at batch 1, plans/0003); otherwise
+    libdevice's float64 ones (s11's; 13.5 against 11.4 us per call with all heads in one program, s12); otherwise
     the angle is reduced to [-pi, pi] in float64 and rounded to float32 (error <= 2.4e-7 rad) for float32 cos / sin,
     below a bf16 output's half ulp but for rare roundings (tests/test_model.py bounds them at one ulp)."""
     r = tl.program_id(0)
@@ -48,17 +48,18 @@ def _rope_kernel(X, POS, F, Y, T, H, sxb, sxt, sxh, spb, spt, P: tl.constexpr, B
 
 
 def rope(x: torch.Tensor, positions: torch.Tensor, freqs: torch.Tensor, fp64_trig: bool = False,
-         block_heads: int | None = None) -> torch.Tensor:
+         block_heads: int = 8) -> torch.Tensor:
     """x [B, T, dr] or [B, T, H, dr] (last stride 1), positions [B, T] int, freqs [dr / 2] float64 -> x rotated,
     contiguous, x's dtype. Launched without FMA contraction, so products and sums round as torch's do.
-    fp64_trig: float64 cos / sin (s11's form); block_heads: heads per program (a power of 2; None: all of a row's in
-    one). reports/h200/forward_profile.py times the forms."""
+    fp64_trig: float64 cos / sin (s11's form); block_heads: heads per program (a power of 2). One program per row for
+    all 64 heads took 11.4 us per call for q_pe at batch 1, 8 heads a program 2.4 us and 16 3.1 us (s12 call B,
+    graphs of 20 calls; float64 cos / sin 13.5 us), so the default is 8. reports/h200/forward_profile.py times them."""
     B, T = x.shape[:2]
     H = x.shape[2] if x.dim() == 4 else 1
     P = x.shape[-1] // 2
     sxh = x.stride(2) if x.dim() == 4 else 0
     y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-    bh = triton.next_power_of_2(H) if block_heads is None else block_heads
+    bh = min(block_heads, triton.next_power_of_2(H))
     if B * T * H:
         _rope_kernel[(B * T, triton.cdiv(H, bh))](
             x, positions, freqs, y, T, H, x.stride(0), x.stride(1), sxh, positions.stride(0), positions.stride(1),
