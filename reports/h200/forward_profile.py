@@ -1,15 +1,18 @@
-"""Where the target's AR decode forward spends its time: kimi-k2-slice-2 (bf16), batch 1 and 8, one new row over
-1024 committed keys (the e2e floor cases' shape, engine/floor.py's inputs), eager under torch.profiler: every CUDA
-kernel with its count and total device time, sorted, and their sum beside the CUDA-graph replay of the same
-forward (CUDA events, median of 20 after 3). The floor's attention stage is at ~23 % of its floor at batch 1
-(plans/0003): this names what runs there. Also a same-process A/B of some of its ops, old form against the shipped
-one, each a CUDA graph of OP_INNER calls (per-call time) in alternating order (ABBA, 2 rounds): the router gate
-(float32 weight copy + float32 GEMM vs moe.gate_logits) at 1 / 8 / 520 rows, the RMS norm (eager formula vs
-mla.rms_norm) at the model's norm widths, the Triton RoPE's forms (s11's float64 cos / sin and one program for all
-heads, other heads per program) vs the shipped one (reduced float32 cos / sin, 8 heads a program, s12); and whole forwards (AR batch 1 and 8, verify batch 8 x 65) with the one-launch
-norm and RoPE against their eager formulas (mla.FUSED_SMALL_OPS), graphs captured per setting, ABBA over 2 rounds. Writes
-OUT/forward_profile.json.
-Usage (GPU machine, repo root): python3 reports/h200/forward_profile.py OUT_DIR"""
+"""Where the target's forward spends its time: kimi-k2-slice-2 (bf16), AR at batch 1 and 8 (one new row) and verify
+at batch 1 and 8 x 65 rows (s12), over 1024 committed keys (the e2e floor cases' shape, engine/floor.py's inputs),
+eager under torch.profiler: every CUDA kernel with its count and total device time, sorted, and their sum beside the
+CUDA-graph replay of the same forward (CUDA events, median of 20 after 3). The floor's attention stage is the one
+furthest from its floor (plans/0003): this names what runs there.
+Also a same-process A/B of some of its ops, old form against the shipped one, each a CUDA graph of OP_INNER calls
+(per-call time) in alternating order (ABBA, 2 rounds): the router gate (float32 weight copy + float32 GEMM vs
+moe.gate_logits) at 1 / 8 / 520 rows, the RMS norm (eager formula vs mla.rms_norm) at the model's norm widths, the
+Triton RoPE's forms (s11's float64 cos / sin and one program for all heads, other heads per program) vs the shipped
+one (reduced float32 cos / sin, 8 heads a program, s12); and whole forwards (AR batch 1 and 8, verify batch 1 and
+8 x 65) with each of two switches on and off, graphs captured per setting, ABBA over 2 rounds: mla.FUSED_SMALL_OPS
+(the one-launch norm and RoPE against their eager formulas) and mla.FUSED_ABSORB (s12: the absorbed products
+written in the kernel's layouts against the einsums and the concatenation). Writes OUT/forward_profile.json.
+Usage (GPU machine, repo root): python3 reports/h200/forward_profile.py OUT_DIR [--kernels]
+  --kernels: the four kernel listings only."""
 from __future__ import annotations
 
 import json
@@ -117,47 +120,62 @@ def rope_cases(model, g) -> list[tuple]:
     return cases
 
 
-def forwards_ab(model) -> list[dict]:
-    """Whole forwards as graphs, fused small ops on vs off (the gate's form is the shipped one in both)."""
+def forwards_ab(model, switch: str) -> list[dict]:
+    """Whole forwards as graphs with mla.<switch> on vs off (FUSED_SMALL_OPS: the one-launch norm and RoPE;
+    FUSED_ABSORB: the kernel path's absorbed products without layout copies), each setting its own graph."""
     out = []
-    for batch, rows in ((1, 1), (8, 1), (8, 65)):
+    for batch, rows in ((1, 1), (8, 1), (1, 65), (8, 65)):
         tokens, positions, cache, lens, anc = _inputs(model, batch, rows, 1024, 0)
         fn = lambda: model.forward(tokens, positions, cache, lens, anc, attn="cuda", tap_layers=())  # noqa: E731
         t = {True: [], False: []}
         for order in ((False, True), (True, False), (True, False), (False, True)):
-            for fused in order:
-                mla.FUSED_SMALL_OPS = fused
+            for on in order:
+                setattr(mla, switch, on)
                 try:
-                    t[fused].append(graph_ms(fn))
+                    t[on].append(graph_ms(fn))
                 finally:
-                    mla.FUSED_SMALL_OPS = True
-        rec = {"batch": batch, "rows": rows, "eager_ops_ms": statistics.median(t[False]),
-               "fused_ops_ms": statistics.median(t[True]), "samples_ms": {"eager": t[False], "fused": t[True]}}
+                    setattr(mla, switch, True)
+        rec = {"switch": switch, "batch": batch, "rows": rows, "off_ms": statistics.median(t[False]),
+               "on_ms": statistics.median(t[True]), "samples_ms": {"off": t[False], "on": t[True]}}
         out.append(rec)
-        print(f"  forward B{batch} rows {rows}: eager ops {rec['eager_ops_ms'] * 1e3:7.1f} us, fused "
-              f"{rec['fused_ops_ms'] * 1e3:7.1f} us", flush=True)
+        print(f"  forward B{batch} rows {rows}, {switch}: off {rec['off_ms'] * 1e3:7.1f} us, on "
+              f"{rec['on_ms'] * 1e3:7.1f} us", flush=True)
     return out
 
 
-def main(out_dir: str) -> None:
+FORWARDS = (("ar_b1", 1, 1), ("ar_b8", 8, 1), ("verify_b1x65", 1, 65), ("verify_b8x65", 8, 65))  # name, batch, rows
+
+
+def profile(model, batch: int, rows: int) -> dict:
+    """The kernels of one eager forward (batch x rows new rows over 1024 keys) and its graph replay time."""
+    tokens, positions, cache, lens, anc = _inputs(model, batch, rows, 1024, 0)
+    fn = lambda: model.forward(tokens, positions, cache, lens, anc, attn="cuda", tap_layers=())  # noqa: E731
+    ks = kernels(fn)
+    rec = {"graph_ms": graph_ms(fn), "kernel_sum_us": sum(k["us"] for k in ks), "kernels": ks}
+    print(f"batch {batch} x {rows} rows: graph {rec['graph_ms'] * 1e3:.1f} us, kernels sum {rec['kernel_sum_us']:.1f} us",
+          flush=True)
+    for k in ks[:40]:
+        print(f"  {k['us']:8.1f} us  x{k['count']:3d}  {k['kernel'][:120]}", flush=True)
+    return rec
+
+
+def main(out_dir: str, only_kernels: bool = False) -> None:
     model = target_from_preset("kimi-k2-slice-2", 29, device="cuda", dtype=torch.bfloat16)
     report = {}
     with torch.no_grad():
-        for batch in (1, 8):
-            tokens, positions, cache, lens, anc = _inputs(model, batch, 1, 1024, 0)
-            fn = lambda: model.forward(tokens, positions, cache, lens, anc, attn="cuda", tap_layers=())  # noqa: E731
-            ks = kernels(fn)
-            rec = {"graph_ms": graph_ms(fn), "kernel_sum_us": sum(k["us"] for k in ks), "kernels": ks}
-            report[f"ar_b{batch}"] = rec
-            print(f"AR batch {batch}: graph {rec['graph_ms'] * 1e3:.1f} us, kernels sum {rec['kernel_sum_us']:.1f} us",
-                  flush=True)
-            for k in ks[:30]:
-                print(f"  {k['us']:8.1f} us  x{k['count']:3d}  {k['kernel'][:120]}", flush=True)
-        report["ops_ab"] = ops_ab(model)
-        report["forwards_ab"] = forwards_ab(model)
+        for name, batch, rows in FORWARDS:
+            report[name] = profile(model, batch, rows)
+        mla.FUSED_ABSORB = False   # the verify forward's listing with the einsums and the concatenation too
+        try:
+            report["verify_b8x65_absorb_off"] = profile(model, 8, 65)
+        finally:
+            mla.FUSED_ABSORB = True
+        if not only_kernels:
+            report["ops_ab"] = ops_ab(model)
+            report["forwards_ab"] = forwards_ab(model, "FUSED_SMALL_OPS") + forwards_ab(model, "FUSED_ABSORB")
     with open(f"{out_dir}/forward_profile.json", "w") as f:
         json.dump(report, f, indent=1)
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(sys.argv[1], only_kernels="--kernels" in sys.argv[2:])

@@ -20,6 +20,9 @@ HALF = (torch.float16, torch.bfloat16)
 # The one-launch Triton norm and RoPE of the default path on a GPU (below); False runs the eager formulas there
 # too: reports/h200/forward_profile.py's same-process A/B of whole forwards, nothing else sets it.
 FUSED_SMALL_OPS = True
+# The kernel path's absorbed products straight into the kernel's query layout and wo's input (attention_cuda_absorbed);
+# False: the einsums, their permute copies and the query concatenation. forward_profile.py's A/B switch, as above.
+FUSED_ABSORB = True
 
 
 def compute_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -204,3 +207,41 @@ def attention_cuda(q_lat, q_pe, kv, past_lens, anc, scale: float) -> torch.Tenso
     q = torch.cat((q_lat, q_pe), dim=-1).to(torch.bfloat16).contiguous()  # [B, T, H, 576]
     o_lat, _lse = cuda_ext.tree_verify_mla(q, kv, past_lens.to(torch.int32), anc, scale)
     return o_lat.to(q_lat.dtype)
+
+
+def absorb_into(q_nope: torch.Tensor, w_uk: torch.Tensor, q: torch.Tensor) -> None:
+    """q[..., :dc] = q_nope W_UK per head as one strided batched GEMM that writes the [B, T, H, dc + dr] query
+    buffer in place (no permute copy in or out, no concatenation): q_nope [B, T, H, dn] (last stride 1), w_uk
+    [H, dn, dc], q [B, T, H, dc + dr] contiguous, all one dtype."""
+    B, T, H, dn = q_nope.shape
+    dc = w_uk.shape[-1]
+    out = q.view(B * T, H, q.shape[-1])[..., :dc].transpose(0, 1)                      # [H, BT, dc], row stride H(dc+dr)
+    torch.bmm(q_nope.reshape(B * T, H, dn).transpose(0, 1), w_uk, out=out)
+
+
+def unabsorb(o_lat: torch.Tensor, w_uv: torch.Tensor) -> torch.Tensor:
+    """o_lat [B, T, H, dc] contiguous, w_uv [H, dv, dc] -> o [B, T, H * dv], the per-head o_lat W_UV^T written
+    in the layout wo reads by one strided batched GEMM (einsum's permutes copy o_lat in and o out)."""
+    B, T, H, dc = o_lat.shape
+    dv = w_uv.shape[1]
+    o = torch.empty(B * T, H, dv, dtype=o_lat.dtype, device=o_lat.device)
+    torch.bmm(o_lat.view(B * T, H, dc).transpose(0, 1), w_uv.transpose(1, 2), out=o.transpose(0, 1))
+    return o.view(B, T, H * dv)
+
+
+def attention_cuda_absorbed(q_nope, q_pe, w_uk, w_uv, kv, past_lens, anc, scale: float) -> torch.Tensor:
+    """The kernel path end to end for a bf16 model: q_nope [B, T, H, dn], q_pe [B, T, H, dr] (rotated), w_uk
+    [H, dn, dc], w_uv [H, dv, dc], kv [B, S, dc + dr] -> o [B, T, H * dv], wo's input. Same products as
+    einsum -> attention_cuda -> einsum, less the layout copies (s12: plans/0003 "Forward floors")."""
+    B, T, H, _ = q_nope.shape
+    dc = w_uk.shape[-1]
+    q = torch.empty(B, T, H, dc + q_pe.shape[-1], dtype=torch.bfloat16, device=q_nope.device)
+    absorb_into(q_nope, w_uk, q)
+    q[..., dc:].copy_(q_pe)
+    o_lat, _lse = cuda_ext.tree_verify_mla(q, kv, past_lens.to(torch.int32), anc, scale)
+    return unabsorb(o_lat, w_uv)
+
+
+def fused_absorb_runs(q_nope: torch.Tensor, w_uk: torch.Tensor) -> bool:
+    """attention_cuda_absorbed's GEMMs write bf16 in place: a bf16 model, switched on."""
+    return FUSED_ABSORB and q_nope.dtype == w_uk.dtype == torch.bfloat16 and q_nope.stride(-1) == 1

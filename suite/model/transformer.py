@@ -16,8 +16,8 @@ from kdbench.references.model import init_weights as _np_init_weights
 from kdbench.references.model_config import ModelConfig
 
 from . import invariant
-from .mla import (DEFAULT_OPS, HALF, attention_absorbed, attention_cuda, attention_naive, inv_freq,
-                  invariant_ops, mla_project, split_wkv_b, visible_mask, write_rows)
+from .mla import (DEFAULT_OPS, HALF, attention_absorbed, attention_cuda, attention_cuda_absorbed, attention_naive,
+                  fused_absorb_runs, inv_freq, invariant_ops, mla_project, split_wkv_b, visible_mask, write_rows)
 from .moe import DISPATCH_MODES, moe_forward, swiglu
 from .weights import check_weights, from_numpy, init_weights
 
@@ -171,6 +171,9 @@ class Transformer:
             return self._attention_invariant(layer, proj, cache.kv[layer], past_lens, anc, w_uk, w_uv)
         if naive:
             o = attention_naive(proj.q_nope, proj.q_pe, cache.kv[layer, :, :S], w_uk, w_uv, cfg, visible)
+        elif attn == "cuda" and fused_absorb_runs(proj.q_nope, w_uk):
+            o = attention_cuda_absorbed(proj.q_nope, proj.q_pe, w_uk, w_uv, cache.kv[layer], past_lens, anc,
+                                        cfg.softmax_scale)
         else:
             q_lat = torch.einsum("bthn,hnc->bthc", proj.q_nope, w_uk)  # [B, T, H, dc]
             if attn == "cuda":
