@@ -146,7 +146,7 @@ def forwards_ab(model, switch: str) -> list[dict]:
 FORWARDS = (("ar_b1", 1, 1), ("ar_b8", 8, 1), ("verify_b1x65", 1, 65), ("verify_b8x65", 8, 65))  # name, batch, rows
 
 
-def profile(model, batch: int, rows: int) -> dict:
+def forward_kernels(model, batch: int, rows: int) -> dict:
     """The kernels of one eager forward (batch x rows new rows over 1024 keys) and its graph replay time."""
     tokens, positions, cache, lens, anc = _inputs(model, batch, rows, 1024, 0)
     fn = lambda: model.forward(tokens, positions, cache, lens, anc, attn="cuda", tap_layers=())  # noqa: E731
@@ -164,10 +164,10 @@ def main(out_dir: str, only_kernels: bool = False) -> None:
     report = {}
     with torch.no_grad():
         for name, batch, rows in FORWARDS:
-            report[name] = profile(model, batch, rows)
+            report[name] = forward_kernels(model, batch, rows)
         mla.FUSED_ABSORB = False   # the verify forward's listing with the einsums and the concatenation too
         try:
-            report["verify_b8x65_absorb_off"] = profile(model, 8, 65)
+            report["verify_b8x65_absorb_off"] = forward_kernels(model, 8, 65)
         finally:
             mla.FUSED_ABSORB = True
         if not only_kernels:

@@ -19,7 +19,6 @@ from __future__ import annotations
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-import torch
 
 
 @dataclass(frozen=True)
