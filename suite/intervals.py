@@ -6,7 +6,7 @@ pooled over steps: tau = sum_i y_i / sum_i x_i, prompt i taking x_i speculative 
 interval is the ratio estimator's: tau +- t(0.975, n - 1) SE, SE = sqrt(sum_i (y_i - tau x_i)^2 / (n (n - 1))) / x_bar
 over the n prompts with a step (the delta method; with equal x_i it is the t interval of the per-prompt means). It is
 wide for few prompts by design (t = 4.30 at n = 3): a batch-1 row over three prompts cannot tell 1.2x from 1.4x, and
-the report says so (plans/0003 "Uncertainty").
+the report says so (plans/0016-tau-intervals.md).
 """
 from __future__ import annotations
 
