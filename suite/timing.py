@@ -101,6 +101,30 @@ class Contender:
     device: str
 
 
+def graph_replays_s(fn: Callable[[], object], reps: int = 20, inner: int = 1) -> list[float]:
+    """Per-call seconds of `reps` replays of a CUDA graph of `inner` back-to-back calls of fn (one warm call before
+    the capture, 3 untimed replays), each replay between two events with a synchronize after it. No L2 flush and no
+    launch shield: a replay's reading includes the graph's launch (~15-25 us on the H200), which inner > 1 spreads
+    over the calls. The scripts' small-op A/Bs use it (reports/h200/forward_profile.py, decode_splits.py)."""
+    import torch   # noqa: PLC0415
+    fn()
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for _ in range(inner):
+            fn()
+    for _ in range(3):
+        g.replay()
+    out = []
+    for _ in range(reps):
+        a = stamp(True)
+        g.replay()
+        b = stamp(True)
+        torch.cuda.synchronize()
+        out.append(between_s(a, b) / inner)
+    return out
+
+
 def round_orders(names: list[str], rounds: int) -> list[list[str]]:
     """The order of each round: as given, then reversed, alternating (A B, B A, A B, ...: ABBA), so a drift
     of the machine over the run (clocks, temperature, a neighbour) falls on every contender alike."""

@@ -113,3 +113,14 @@ def test_cpu_stamps_measure_seconds():
     time.sleep(0.02)
     b = timing.stamp(False)
     assert 0.02 <= timing.between_s(a, b) < 1.0
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (graph replays)")
+def test_graph_replays_spread_the_launch_over_the_calls():
+    """graph_replays_s: one sample per replay, per call; a graph of 8 calls of a ~10 us spin reads less per call
+    than a graph of one, whose reading holds the graph's launch."""
+    spin = lambda: torch.cuda._sleep(20_000)  # noqa: E731
+    one, eight = timing.graph_replays_s(spin, reps=10), timing.graph_replays_s(spin, reps=10, inner=8)
+    assert len(one) == len(eight) == 10 and min(one + eight) > 0
+    assert np.median(eight) < np.median(one)

@@ -15,6 +15,7 @@ import sys
 
 import torch
 
+from kdbench import timing
 from kdbench.backends import cuda_ext
 from kdbench.backends.chain_device import chain_anc
 
@@ -24,22 +25,7 @@ H, PAST, ROUNDS, REPS = 64, 1024, 4, 20
 
 
 def graph_us(fn) -> list[float]:
-    fn()
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        fn()
-    for _ in range(3):
-        g.replay()
-    out = []
-    for _ in range(REPS):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        g.replay()
-        b.record()
-        torch.cuda.synchronize()
-        out.append(1e3 * a.elapsed_time(b))
-    return out
+    return [1e6 * t for t in timing.graph_replays_s(fn, REPS)]
 
 
 def with_splits(n: int, fn):

@@ -22,6 +22,7 @@ import sys
 import torch
 from torch.profiler import ProfilerActivity, profile
 
+from kdbench import timing
 from kdbench.engine.engine import target_from_preset
 from kdbench.engine.floor import _inputs
 from kdbench.model import fused_triton, mla
@@ -29,25 +30,9 @@ from kdbench.model import moe as tmoe
 
 
 def graph_ms(fn, reps: int = 20, inner: int = 1) -> float:
-    """Median of `reps` replays of a graph of `inner` calls of fn, per call: inner > 1 amortizes the graph's launch
-    (~15-25 us, the whole of a one-op graph's reading: s11 and s12 call A)."""
-    fn()
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(inner):
-            fn()
-    for _ in range(3):
-        g.replay()
-    out = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        g.replay()
-        b.record()
-        torch.cuda.synchronize()
-        out.append(a.elapsed_time(b) / inner)
-    return statistics.median(out)
+    """Median per-call milliseconds of a graph of `inner` calls of fn (timing.graph_replays_s): inner > 1 amortizes
+    the graph's launch (~15-25 us, the whole of a one-op graph's reading: s11 and s12 call A)."""
+    return 1e3 * statistics.median(timing.graph_replays_s(fn, reps, inner))
 
 
 def kernels(fn) -> list[dict]:
