@@ -110,6 +110,15 @@ def _torch_info(gpus: list[dict[str, Any]]) -> dict[str, Any]:
     return info
 
 
+# Environment switches the CUDA extension reads on every call (csrc/tree_verify_mla_plan.h, csrc/common.h): a run
+# with one set times other plans or launches than the shipped ones, so the fingerprint records them.
+KERNEL_KNOBS = ("KDB_TVM_TAIL", "KDB_TVM_SPLITS", "KDB_PDL")
+
+
+def kernel_knobs() -> dict[str, str]:
+    return {k: os.environ[k] for k in KERNEL_KNOBS if k in os.environ}
+
+
 def fingerprint() -> dict[str, Any]:
     gpus, gpu_reason = _nvml_gpus()
     pairs = topology.gpu_pairs()
@@ -125,6 +134,7 @@ def fingerprint() -> dict[str, Any]:
         "gpus": gpus,
         "gpu_reason": gpu_reason,
         "git": git_state(),
+        "kernel_knobs": kernel_knobs(),
         "topology": list(pairs),
         "topology_reason": pairs.reason,
     }

@@ -6,25 +6,24 @@ pooled over steps: tau = sum_i y_i / sum_i x_i, prompt i taking x_i speculative 
 interval is the ratio estimator's: tau +- t(0.975, n - 1) SE, SE = sqrt(sum_i (y_i - tau x_i)^2 / (n (n - 1))) / x_bar
 over the n prompts with a step (the delta method; with equal x_i it is the t interval of the per-prompt means). It is
 wide for few prompts by design (t = 4.30 at n = 3): a batch-1 row over three prompts cannot tell 1.2x from 1.4x, and
-the report says so (plans/0016-tau-intervals.md).
+the report says so (plans/0016-tau-intervals.md). The same interval over batches bounds the speedup (kinds/e2e.py):
+a batch runs until its slowest request is done, so there the batch is the unit.
 """
 from __future__ import annotations
 
 import math
 from typing import NamedTuple
 
-# t(0.975, df), two-sided 95 %; a df between entries takes the entry below it (a larger t: conservative)
+# t(0.975, df), two-sided 95 %; a df between entries, or above 120, takes the entry at or below it (a larger t:
+# conservative; 1.980 against the normal 1.960 at very large df)
 T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228,
         12: 2.179, 15: 2.131, 20: 2.086, 25: 2.060, 30: 2.042, 40: 2.021, 60: 2.000, 120: 1.980}
-Z975 = 1.960  # df above 1000: the normal quantile
 
 
 def t975(df: int) -> float:
-    """t(0.975, df) for df >= 1 (the table entry at or below df; 1.96 above 1000)."""
+    """t(0.975, df) for df >= 1: the table entry at or below df."""
     if df < 1:
         raise ValueError(f"t975: df must be >= 1, got {df}")
-    if df > 1000:
-        return Z975
     return T975[max(k for k in T975 if k <= df)]
 
 
@@ -51,7 +50,8 @@ def ratio_interval(ys, xs) -> Interval:
 
 
 def scaled(value: float, iv: Interval) -> list[float] | None:
-    """[lo, hi] of a figure proportional to the interval's estimate (a speedup at fixed step times), or None."""
-    if iv.lo is None or not iv.value > 0:
+    """[lo, hi] of a figure proportional to the interval's estimate (a speedup at fixed step times), or None (no
+    interval, or a figure or estimate that is not a finite positive number)."""
+    if iv.lo is None or not (iv.value > 0 and math.isfinite(iv.value) and math.isfinite(value)):
         return None
     return [value * iv.lo / iv.value, value * iv.hi / iv.value]

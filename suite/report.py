@@ -196,7 +196,9 @@ def env_rows(fp: dict[str, Any]) -> list[tuple[str, str]]:
             ("OS", fp.get("os", "")), ("python", fp.get("python", "")),
             ("packages", ", ".join(f"{k} {v}" for k, v in (fp.get("packages") or {}).items())),
             ("torch CUDA", f"{fp.get('torch_cuda') or 'none'} (available: {fp.get('cuda_available')})"),
-            ("git", f"{git.get('sha') or git.get('reason', '')}{' (dirty)' if git.get('dirty') else ''}")]
+            ("git", f"{git.get('sha') or git.get('reason', '')}{' (dirty)' if git.get('dirty') else ''}"),
+            ("kernel knobs", ", ".join(f"{k}={v}" for k, v in (fp.get("kernel_knobs") or {}).items())
+             or ("none set" if "kernel_knobs" in fp else "not recorded"))]
     for g in fp.get("gpus") or []:
         rows.append((f"GPU {g.get('index')}", f"{g.get('name')}, {fmt_num(g.get('memory_gb'), 3)} GB, "
                      f"{g.get('sm_count', '?')} SMs, driver {g.get('driver')}, max SM clock "

@@ -36,7 +36,7 @@ def _generation_items(recs: list[Record]) -> list[str]:
     unsure = [r for r in recs if speedup_unsure(r)]
     if unsure:
         lo, hi = low_high(r.extra["speedup_ci95"][0] for r in unsure)
-        items.append(f"{len(unsure)} row(s) faster than AR whose speedup's 95% interval over prompts reaches below 1 "
+        items.append(f"{len(unsure)} row(s) faster than AR whose speedup's 95% interval over batches reaches below 1 "
                      f"(lower ends {lo:.2f}–{hi:.2f}×): {_where(unsure)}")
     off = [r for r in recs if not missing(r.predicted_speedup) and not missing(r.speedup_vs_ar)
            and r.speedup_vs_ar > 0 and abs(r.predicted_speedup / r.speedup_vs_ar - 1) > PREDICTION_TOLERANCE]

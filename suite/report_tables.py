@@ -88,16 +88,16 @@ PREDICTION_OFF = 0.25   # e2e: predicted / measured speedup further than this fr
 
 
 def speedup_unsure(rec: Record) -> bool:
-    """A speculative row faster than AR whose speedup interval (tau's over prompts, intervals.py) reaches below 1."""
+    """A speculative row faster than AR whose speedup interval (over batches, kinds/e2e.py) reaches below 1."""
     ci = rec.extra.get("speedup_ci95")
     return not missing(rec.speedup_vs_ar) and rec.speedup_vs_ar >= 1 and bool(ci) and ci[0] < 1
 
 
-def ci_text(ci, n, unit: str = "") -> str:
-    """'lo-hi (n prompts)' of a [lo, hi] interval, 'n prompts: none' below two prompts, '' without one."""
+def ci_text(ci, n, over: str, unit: str = "") -> str:
+    """'lo-hi (n <over>)' of a [lo, hi] interval over n prompts or batches, 'one <over>: none' for one, '' else."""
     if not ci:
-        return f"{n} prompt: none" if n == 1 else ""
-    return f"{ci[0]:.2f}-{ci[1]:.2f}{unit} ({n} prompts)"
+        return f"one of the {over}: none" if n == 1 else ""
+    return f"{ci[0]:.2f}-{ci[1]:.2f}{unit} ({n} {over})"
 
 
 def e2e_flags(rec: Record) -> list[str]:
@@ -110,8 +110,8 @@ def e2e_flags(rec: Record) -> list[str]:
         out.append(f"speedup {rec.speedup_vs_ar:.2f}x < 1 vs AR")
     elif speedup_unsure(rec):
         lo, hi = rec.extra["speedup_ci95"]
-        out.append(f"speedup {rec.speedup_vs_ar:.2f}x, but its 95% interval over {rec.extra.get('tau_prompts')} "
-                   f"prompts ({lo:.2f}-{hi:.2f}x) reaches below 1")
+        out.append(f"speedup {rec.speedup_vs_ar:.2f}x, but its 95% interval over {rec.extra.get('speedup_batches')} "
+                   f"batches ({lo:.2f}-{hi:.2f}x) reaches below 1")
     if not missing(rec.predicted_speedup) and abs(rec.predicted_speedup / rec.speedup_vs_ar - 1) > PREDICTION_OFF:
         eff = rec.extra.get("slot_efficiency")   # kinds/e2e.slot_efficiency: finished requests keep their slots
         why = f"; slot efficiency {eff:.2f}: predicted x it = {rec.predicted_speedup * eff:.2f}x" if eff else ""
@@ -323,8 +323,8 @@ def generation_rows(recs: list[Record], depths: int = 4) -> list[dict[str, Any]]
         out.append(row(r, policy=policy, budget=budget, per_depth=rates[:depths],
                        more_depths=len(rates) > depths, note=extra_note, graph_mode=graph_mode(r),
                        slot_eff=r.extra.get("slot_efficiency"), **forward_cells(r),
-                       tau_ci=ci_text(r.extra.get("tau_ci95"), r.extra.get("tau_prompts")),
-                       speedup_ci=ci_text(r.extra.get("speedup_ci95"), r.extra.get("tau_prompts"), "x")))
+                       tau_ci=ci_text(r.extra.get("tau_ci95"), r.extra.get("tau_prompts"), "prompts"),
+                       speedup_ci=ci_text(r.extra.get("speedup_ci95"), r.extra.get("speedup_batches"), "batches", "x")))
     return out
 
 

@@ -1,6 +1,7 @@
 """The pooled tau's 95 % interval over prompts (kdbench.intervals): the Student-t quantiles, the ratio estimator's
 interval worked by hand, its reduction to the t interval of the means when every prompt takes the same steps, the
-edge cases (one prompt, prompts without a step), its coverage, and the speedup's interval it scales to."""
+edge cases (one prompt, prompts without a step), its coverage, the speedup's interval it scales to, and the
+speedup's interval over batches (kinds/e2e.speedup_uncertainty)."""
 import math
 
 import numpy as np
@@ -12,7 +13,7 @@ from kdbench.intervals import ratio_interval, scaled, t975
 def test_t_quantiles_come_from_the_table_rounding_df_down():
     assert t975(1) == 12.706 and t975(2) == 4.303 and t975(10) == 2.228
     assert t975(11) == 2.228 and t975(13) == 2.179      # between entries: the entry below (a larger t)
-    assert t975(500) == 1.980 and t975(5000) == 1.960
+    assert t975(500) == 1.980 and t975(5000) == 1.980    # above the table: its last entry (conservative)
     with pytest.raises(ValueError, match="df must be >= 1"):
         t975(0)
 
@@ -58,3 +59,17 @@ def test_speedup_interval_scales_with_tau():
     lo, hi = scaled(1.3, iv)
     assert lo == pytest.approx(1.3 * iv.lo / iv.value) and hi == pytest.approx(1.3 * iv.hi / iv.value)
     assert scaled(1.3, ratio_interval([2.0], [1])) is None
+    assert scaled(float("nan"), iv) is None and scaled(float("inf"), iv) is None
+
+
+def test_speedup_interval_is_over_batches():
+    """kinds/e2e.speedup_uncertainty: the batch is the unit (delivered tokens = requests x (max_new - 1), x = its
+    steps); one batch gives no interval."""
+    from types import SimpleNamespace as NS
+
+    from kdbench.kinds.e2e import speedup_uncertainty
+    batches = [NS(tokens=[[0]] * 8, steps=[None] * n) for n in (30, 36, 33)]
+    got = speedup_uncertainty(batches, 64, 0.9)
+    iv = ratio_interval([8 * 63] * 3, [30, 36, 33])
+    assert got["speedup_batches"] == 3 and got["speedup_ci95"] == pytest.approx(scaled(0.9, iv))
+    assert speedup_uncertainty(batches[:1], 64, 0.9) == {"speedup_ci95": None, "speedup_batches": 1}

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from kdbench import runner
@@ -81,14 +82,15 @@ def test_e2e_kind(tmp_path):
     assert math.isclose(spec.speedup_vs_ar, spec.tokens_per_s / ar.tokens_per_s)
     assert math.isclose(spec.predicted_speedup, spec.tau * ar.time_median_s / spec.time_median_s)
     assert spec.ttft_s > 0 and spec.tpot_s > 0
-    # the pooled tau's interval over the 2 prompts (intervals.ratio_interval), centred on tau, and the speedup's,
-    # scaled by tau at fixed step times
-    assert spec.extra["tau_prompts"] == 2 and len(spec.extra["tau_per_prompt"]) == 2
-    lo, hi = spec.extra["tau_ci95"]
-    assert lo <= spec.tau <= hi and math.isclose((lo + hi) / 2, spec.tau, rel_tol=1e-9)
-    s_lo, s_hi = spec.extra["speedup_ci95"]
-    assert math.isclose(s_lo, spec.speedup_vs_ar * lo / spec.tau, rel_tol=1e-9)
-    assert math.isclose(s_hi, spec.speedup_vs_ar * hi / spec.tau, rel_tol=1e-9)
+    # the pooled tau's interval over the 2 prompts, recomputed here from the recorded per-prompt taus and steps
+    # (y_i = tau_i x_i); the speedup's is over batches: 2 prompts at batch 2 are one batch, so none
+    taus, steps = np.array(spec.extra["tau_per_prompt"]), np.array(spec.extra["tau_steps_per_prompt"], float)
+    assert spec.extra["tau_prompts"] == 2 and len(taus) == len(steps) == 2
+    y, r = taus * steps, (taus * steps).sum() / steps.sum()
+    assert math.isclose(r, spec.tau, rel_tol=1e-12)
+    se = math.sqrt(((y - r * steps) ** 2).sum() / 2) / steps.mean()
+    assert spec.extra["tau_ci95"] == pytest.approx([r - 12.706 * se, r + 12.706 * se], rel=1e-9, abs=1e-12)
+    assert spec.extra["speedup_ci95"] is None and spec.extra["speedup_batches"] == 1
     assert "tau_ci95" not in ar.extra
 
 
@@ -221,3 +223,17 @@ def test_slot_efficiency_counts_finished_slots_and_discarded_tokens():
     assert eff["delivered_over_committed"] == 12 / 14
     assert abs(eff["slot_efficiency"] - 5 / 6 * 12 / 14) < 1e-12
     assert slot_efficiency([GenerateResult(tokens=[], steps=[])], 7) == {}
+
+
+def test_tau_per_prompt_steps_and_category_are_pooled():
+    """per_prompt_steps counts a finished request's tau-0 steps out; a category's tau is pooled (tokens / steps),
+    as the row's, not the mean of its prompts' taus."""
+    from kdbench.kinds import generation as gen
+
+    def step(i, taus):
+        return StepRecord(i, taus, tuple(max(t - 1, 0) for t in taus), tuple(1 for _ in taus), {"verify": 1})
+    res = [GenerateResult(tokens=[[1], [2], [3]], steps=[step(0, (6, 1, 2)), step(1, (0, 1, 2)), step(2, (0, 1, 4))])]
+    assert gen.per_prompt_steps(res) == [(6.0, 1), (3.0, 3), (8.0, 3)]
+    assert gen.per_prompt_tau(res) == [6.0, 1.0, 8.0 / 3]
+    cats = gen.by_category(res, ["a", "a", "b"])
+    assert cats == {"a": 9.0 / 4, "b": 8.0 / 3}      # a: (6 + 3) / (1 + 3), not (6 + 1) / 2

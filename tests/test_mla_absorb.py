@@ -40,13 +40,19 @@ def test_unabsorb_is_the_einsum_in_wo_layout(B, T, H, dn, dc, dr):
     assert got.shape == (B, T, H * dn) and torch.allclose(got, want, rtol=1e-12, atol=1e-12)
 
 
-def test_fused_absorb_needs_bf16_and_the_switch():
+def test_fused_absorb_needs_bf16_no_grad_and_the_switch():
     x, w = torch.zeros(1, 1, 2, 4, dtype=torch.bfloat16), torch.zeros(2, 4, 8, dtype=torch.bfloat16)
-    assert mla.fused_absorb_runs(x, w)
-    assert not mla.fused_absorb_runs(x.float(), w.float()) and not mla.fused_absorb_runs(x, w.float())
+    assert mla.fused_absorb_runs(x, w, w)
+    assert not mla.fused_absorb_runs(x.float(), w.float(), w.float()) and not mla.fused_absorb_runs(x, w.float(), w)
+    assert not mla.fused_absorb_runs(x, w, w.float())
+    wg = w.clone().requires_grad_()
+    with torch.enable_grad():
+        assert not mla.fused_absorb_runs(x, wg, w)          # bmm(out=) refuses a result that needs a gradient
+    with torch.no_grad():
+        assert mla.fused_absorb_runs(x, wg, w)
     mla.FUSED_ABSORB = False
     try:
-        assert not mla.fused_absorb_runs(x, w)
+        assert not mla.fused_absorb_runs(x, w, w)
     finally:
         mla.FUSED_ABSORB = True
 
@@ -87,6 +93,27 @@ def _chain_attention64(q_nope, q_pe, w_uk, w_uv, kv, past: int, scale: float) ->
     p = torch.softmax(scores.masked_fill(~seen[None, :, None, :], float("-inf")), -1)
     o_lat = torch.einsum("bths,bsc->bthc", p, kv[..., :dc])
     return torch.einsum("bthc,hvc->bthv", o_lat, w_uv).flatten(2)
+
+
+@pytest.mark.gpu
+@needs_gpu
+def test_absorbed_products_allocate_no_layout_copies():
+    """absorb_into writes the query buffer without a temporary (a copy-back would allocate one), unabsorb allocates
+    its output only: the 'no layout copies' the profile showed, pinned by the caching allocator's counters."""
+    g = torch.Generator(device="cuda").manual_seed(3)
+    B, T, H, dn, dc, dr = 8, 65, 64, 128, 512, 64
+    q_nope = torch.randn(B, T, H, dn + dr, generator=g, device="cuda").bfloat16()[..., :dn]
+    wkv = torch.randn(H, 2 * dn, dc, generator=g, device="cuda").bfloat16()
+    q = torch.empty(B, T, H, dc + dr, dtype=torch.bfloat16, device="cuda")
+    o_lat = torch.randn(B, T, H, dc, generator=g, device="cuda").bfloat16()
+    mla.absorb_into(q_nope, wkv[:, :dn], q), mla.unabsorb(o_lat, wkv[:, dn:])   # cuBLAS workspaces, warm
+    torch.cuda.synchronize()
+    count = lambda: torch.cuda.memory_stats()["allocation.all.allocated"]  # noqa: E731
+    before = count()
+    mla.absorb_into(q_nope, wkv[:, :dn], q)
+    assert count() == before
+    mla.unabsorb(o_lat, wkv[:, dn:])
+    assert count() == before + 1
 
 
 @pytest.mark.gpu

@@ -42,16 +42,19 @@ def test_e2e_row_slower_than_ar_needs_attention():
 
 def test_faster_row_whose_interval_reaches_below_one_needs_attention():
     unsure, sure = e2e(speedup=1.2), e2e(speedup=1.3)
-    unsure.extra.update({"speedup_ci95": [0.9, 1.5], "tau_prompts": 3})
-    sure.extra.update({"speedup_ci95": [1.1, 1.5], "tau_prompts": 24})
+    unsure.extra.update({"speedup_ci95": [0.9, 1.5], "speedup_batches": 3, "tau_ci95": [2.0, 2.6], "tau_prompts": 24})
+    sure.extra.update({"speedup_ci95": [1.1, 1.5], "speedup_batches": 12})
     v = issues([unsure, sure])
     assert v["attention"] and len(v["issues"]) == 1
-    assert "1 row(s) faster than AR whose speedup's 95% interval over prompts reaches below 1" in v["issues"][0]
+    assert "1 row(s) faster than AR whose speedup's 95% interval over batches reaches below 1" in v["issues"][0]
     assert not issues([sure])["attention"]
     flags = report_tables.e2e_flags(unsure)
-    assert flags == ["speedup 1.20x, but its 95% interval over 3 prompts (0.90-1.50x) reaches below 1"]
+    assert flags == ["speedup 1.20x, but its 95% interval over 3 batches (0.90-1.50x) reaches below 1"]
     cells = report_tables.generation_rows([unsure])[0]
-    assert cells["speedup_ci"] == "0.90-1.50x (3 prompts)" and cells["tau_ci"] == ""
+    assert cells["speedup_ci"] == "0.90-1.50x (3 batches)" and cells["tau_ci"] == "2.00-2.60 (24 prompts)"
+    one = e2e(speedup=1.3)
+    one.extra.update({"speedup_ci95": None, "speedup_batches": 1, "tau_ci95": None, "tau_prompts": 1})
+    assert report_tables.generation_rows([one])[0]["speedup_ci"] == "one of the batches: none"
 
 
 def test_prediction_more_than_25_percent_off_needs_attention_and_absence_is_fine():

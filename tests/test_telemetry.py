@@ -188,6 +188,20 @@ def test_fingerprint_has_the_keys():
     assert fp["hostname"] in text and "slug" in text
 
 
+def test_fingerprint_records_the_kernel_knobs_that_are_set(monkeypatch):
+    """A run with KDB_TVM_SPLITS (or the tail / PDL switches) set times other plans: its fingerprint and the report's
+    Environment say so; unset knobs are not listed."""
+    from kdbench.report import env_rows
+    for k in envinfo.KERNEL_KNOBS:
+        monkeypatch.delenv(k, raising=False)
+    assert envinfo.fingerprint()["kernel_knobs"] == {}
+    monkeypatch.setenv("KDB_TVM_SPLITS", "4")
+    fp = envinfo.fingerprint()
+    assert fp["kernel_knobs"] == {"KDB_TVM_SPLITS": "4"}
+    assert ("kernel knobs", "KDB_TVM_SPLITS=4") in env_rows(fp)
+    assert ("kernel knobs", "none set") in env_rows(dict(fp, kernel_knobs={}))
+
+
 def test_gpu_slug():
     assert envinfo.gpu_slug({"gpus": [{"name": "NVIDIA H200"}]}) == "nvidia-h200"
     assert envinfo.gpu_slug({"gpus": [{"name": "NVIDIA RTX PRO 6000 Blackwell"}]}) == \

@@ -272,6 +272,7 @@ def test_seesaw_tail_plan(ext, monkeypatch, nodes, heads, past_of, min_pieces):
     """The tail plan (the last partial wave's units in KV pieces, merged by the combine) against float64, and the
     same inputs with the plan off (KDB_TVM_TAIL=0: the uniform plan) give the same numbers to the fp32 merge order."""
     monkeypatch.delenv("KDB_TVM_TAIL", raising=False)  # the plan on, whatever the caller's environment says
+    monkeypatch.delenv("KDB_TVM_SPLITS", raising=False)
     case, plan = _tail_case(ext, 50 + nodes + heads, nodes, heads, past_of, min_pieces)
     check_case(ext, case, trial=0, impl="seesaw")
     inputs = make_inputs(case, seed=1000 * case.seed)

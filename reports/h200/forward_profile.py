@@ -12,7 +12,7 @@ one (reduced float32 cos / sin, 8 heads a program, s12); and whole forwards (AR 
 (the one-launch norm and RoPE against their eager formulas) and mla.FUSED_ABSORB (s12: the absorbed products
 written in the kernel's layouts against the einsums and the concatenation). Writes OUT/forward_profile.json.
 Usage (GPU machine, repo root): python3 reports/h200/forward_profile.py OUT_DIR [--kernels]
-  --kernels: the four kernel listings only."""
+  --kernels: the kernel listings only (the four forwards, and verify batch 8 x 65 with FUSED_ABSORB off)."""
 from __future__ import annotations
 
 import json
@@ -61,7 +61,8 @@ def eager_norm(x, w, eps):
 
 
 def ops_ab(model) -> list[dict]:
-    """Old vs shipped form of the gate and the norm, in graphs, ABBA over 2 rounds -> medians per form."""
+    """Old vs shipped form of the gate, the norm and the RoPE (rope_cases), per call in graphs of OP_INNER calls,
+    ABBA over 2 rounds -> medians per form."""
     w, cfg, g = model.w, model.cfg, torch.Generator(device="cuda").manual_seed(5)
     gate = w[next(k for k in w if k.endswith(".gate"))]
     cases = []

@@ -30,7 +30,7 @@ def run(case, ctx) -> Iterator[Record]:
                           "drafter": make(0, 1).name, "tau_convention": "tau counts the bonus token",
                           "budget": s.budget})
         rec.extra.update(gen.tau_uncertainty(spec))
-        rec.extra["tau_per_category"] = gen.by_category(rec.extra["tau_per_prompt"], gen.prompt_categories(s))
+        rec.extra["tau_per_category"] = gen.by_category(spec, gen.prompt_categories(s))
         if s.temperature == 0:
             rerun = gen.batch_rerun(model, make, all_prompts, s, policy, backend, case.seed)
             rec.lossless, bug = gen.losslessness(model, all_prompts, ar, spec, rerun)

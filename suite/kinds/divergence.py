@@ -19,6 +19,7 @@ from __future__ import annotations
 from contextlib import contextmanager
 from dataclasses import dataclass
 
+
 @dataclass(frozen=True)
 class OwnGap:
     gap: float                                 # logit[a] - logit[b] at the divergent prediction, this arm's forward

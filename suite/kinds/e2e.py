@@ -1,7 +1,8 @@
 """e2e kind: per-step latency by stage (draft, build, verify, accept, compact, commit), tokens/s, speedup
 over AR on the same backend, TTFT / TPOT, the predicted speedup tau * t_AR / t_step beside the measured one,
-energy per committed token, and tau's 95 % interval over prompts with the speedup's (intervals.py). Both arms run as CUDA graphs where both can be captured, else both eagerly
-(graph_mode in every row); forward_floor adds the forwards' per-stage floors. Formulas: plans/0005-measurement.md,
+energy per committed token, tau's 95 % interval over prompts and the speedup's over batches (intervals.py). Both
+arms run as CUDA graphs where both can be captured, else both eagerly (graph_mode in every row); forward_floor adds
+the forwards' per-stage floors. Formulas: plans/0005-measurement.md,
 plans/0003-engine.md."""
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from kdbench.engine.engine import generate
 from kdbench.engine.floor import forward_floor
 from kdbench.engine.graph_run import generate_graphed
 from kdbench.engine.stages import Policy
+from kdbench.intervals import ratio_interval, scaled
 from kdbench.kinds import generation as gen
 from kdbench.results import Record
 from kdbench.telemetry import Sampler
@@ -47,7 +49,8 @@ def _run_backend(case, ctx, backend: str) -> Iterator[Record]:
                       "ar_tokens_per_s": ar_rec.tokens_per_s, "ar_step_median_s": ar_rec.time_median_s,
                       "predicted_over_measured": rec.predicted_speedup / rec.speedup_vs_ar,
                       "ar_graph_mode": mode, **slot_efficiency(spec[0], s.max_new_tokens)})
-    rec.extra.update(gen.tau_uncertainty(spec[0], rec.speedup_vs_ar))
+    rec.extra.update({**gen.tau_uncertainty(spec[0]), **speedup_uncertainty(spec[0], s.max_new_tokens,
+                                                                           rec.speedup_vs_ar)})
     for r in (ar_rec, rec):
         r.extra.update({"graph_reason": why} if why else {})
     if mode == "graph":
@@ -168,6 +171,15 @@ def delivered_tokens(results, max_new_tokens: int) -> int:
     """Decode tokens delivered: max_new_tokens per request, the first from prefill; tokens a last step commits
     past max_new_tokens are discarded, so they do not count (their time does)."""
     return sum(len(r.tokens) for r in results) * (max_new_tokens - 1)
+
+
+def speedup_uncertainty(results, max_new_tokens: int, speedup: float) -> dict:
+    """The speedup's 95 % interval over batches: a batch runs until its slowest request is done, so the batch is the
+    unit whose step count varies (at batch 1, the prompt). Delivered tokens per batch step, y_b / x_b with y_b =
+    requests x (max_new_tokens - 1) and x_b its steps, as a ratio interval (intervals.py), scales the measured
+    speedup at the measured step times."""
+    iv = ratio_interval([len(r.tokens) * (max_new_tokens - 1) for r in results], [len(r.steps) for r in results])
+    return {"speedup_ci95": scaled(speedup, iv), "speedup_batches": iv.n}
 
 
 def slot_efficiency(results, max_new_tokens: int) -> dict[str, float]:

@@ -13,7 +13,7 @@ from kdbench.config import derive_seed
 from kdbench.engine.engine import generate, target_from_preset
 from kdbench.engine.records import GenerateResult
 from kdbench.engine.stages import Policy
-from kdbench.intervals import ratio_interval, scaled
+from kdbench.intervals import ratio_interval
 from kdbench.kinds.divergence import model_logs, own_gaps, routing_flips
 from kdbench.model.drafter import BlockDrafter
 from kdbench.model.synthetic import SyntheticDrafter
@@ -186,22 +186,19 @@ def per_prompt_tau(results: list[GenerateResult]) -> list[float]:
     return [y / x if x else float("nan") for y, x in per_prompt_steps(results)]
 
 
-def tau_uncertainty(results: list[GenerateResult], speedup: float | None = None) -> dict:
-    """Per-prompt tau, the pooled tau's 95 % interval over prompts (intervals.py) and, given the measured speedup,
-    the interval that implies for it at the measured step times (the step time's spread, p20-p80 within ~1 %, is
-    left out)."""
+def tau_uncertainty(results: list[GenerateResult]) -> dict:
+    """Per-prompt tau and steps, and the pooled tau's 95 % interval over prompts (intervals.py)."""
     steps = per_prompt_steps(results)
     iv = ratio_interval([y for y, _ in steps], [x for _, x in steps])
-    out = {"tau_per_prompt": [y / x if x else float("nan") for y, x in steps], "tau_prompts": iv.n,
-           "tau_ci95": None if iv.lo is None else [iv.lo, iv.hi]}
-    if speedup is not None:
-        out["speedup_ci95"] = scaled(speedup, iv)
-    return out
+    return {"tau_per_prompt": per_prompt_tau(results), "tau_steps_per_prompt": [x for _, x in steps],
+            "tau_prompts": iv.n, "tau_ci95": None if iv.lo is None else [iv.lo, iv.hi]}
 
 
-def by_category(values: list[float], cats: list[str]) -> dict[str, float]:
-    """Mean of the per-prompt values per category."""
-    return {c: float(np.nanmean([v for v, k in zip(values, cats) if k == c])) for c in dict.fromkeys(cats)}
+def by_category(results: list[GenerateResult], cats: list[str]) -> dict[str, float]:
+    """The pooled tau (committed tokens / steps) of each category's prompts, as the row's tau is pooled."""
+    steps = per_prompt_steps(results)
+    return {c: ratio_interval([y for (y, _), k in zip(steps, cats) if k == c],
+                              [x for (_, x), k in zip(steps, cats) if k == c]).value for c in dict.fromkeys(cats)}
 
 
 def first_divergence(ar: list[GenerateResult], spec: list[GenerateResult]) -> tuple[int, int] | None:

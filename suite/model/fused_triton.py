@@ -18,11 +18,11 @@ INV_TWO_PI = _const(0.15915494309189535)  # a product, not a float64 division (a
 @_jit(do_not_specialize=["T", "H"])
 def _rope_kernel(X, POS, F, Y, T, H, sxb, sxt, sxh, spb, spt, P: tl.constexpr, BH: tl.constexpr,
                  BP: tl.constexpr, FP64_TRIG: tl.constexpr):
-    """Program (r, j), r = b * T + t, rotates heads j * BH .. j * BH + BH - 1 (< H) of row (b, t): pairs (x[2i], x[2i+1]) by pos * F[i], the angle in
-    float64, the rotation in float32 (as mla._rotate), stored in Y's dtype, contiguous. cos / sin: FP64_TRIG takes
-    libdevice's float64 ones (s11's; 13.5 against 11.4 us per call with all heads in one program, s12); otherwise
-    the angle is reduced to [-pi, pi] in float64 and rounded to float32 (error <= 2.4e-7 rad) for float32 cos / sin,
-    below a bf16 output's half ulp but for rare roundings (tests/test_model.py bounds them at one ulp)."""
+    """Program (r, j), r = b * T + t, rotates heads j * BH .. j * BH + BH - 1 (< H) of row (b, t): pairs
+    (x[2i], x[2i+1]) by pos * F[i], the angle in float64, the rotation in float32 (as mla._rotate), stored in Y's
+    dtype, contiguous. cos / sin: FP64_TRIG takes libdevice's float64 ones (s11's); otherwise the angle is reduced
+    to [-pi, pi] in float64 and rounded to float32 (error <= 2.4e-7 rad) for float32 cos / sin, below a bf16
+    output's half ulp but for rare roundings (tests/test_model.py bounds them at one ulp)."""
     r = tl.program_id(0)
     b, t = r // T, r % T
     h = tl.program_id(1) * BH + tl.arange(0, BH)
@@ -59,6 +59,8 @@ def rope(x: torch.Tensor, positions: torch.Tensor, freqs: torch.Tensor, fp64_tri
     P = x.shape[-1] // 2
     sxh = x.stride(2) if x.dim() == 4 else 0
     y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    if block_heads < 1 or block_heads & (block_heads - 1):
+        raise ValueError(f"rope: block_heads must be a power of 2, got {block_heads}")
     bh = min(block_heads, triton.next_power_of_2(H))
     if B * T * H:
         _rope_kernel[(B * T, triton.cdiv(H, bh))](

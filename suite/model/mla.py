@@ -242,6 +242,9 @@ def attention_cuda_absorbed(q_nope, q_pe, w_uk, w_uv, kv, past_lens, anc, scale:
     return unabsorb(o_lat, w_uv)
 
 
-def fused_absorb_runs(q_nope: torch.Tensor, w_uk: torch.Tensor) -> bool:
-    """attention_cuda_absorbed's GEMMs write bf16 in place: a bf16 model, switched on."""
-    return FUSED_ABSORB and q_nope.dtype == w_uk.dtype == torch.bfloat16 and q_nope.stride(-1) == 1
+def fused_absorb_runs(q_nope: torch.Tensor, w_uk: torch.Tensor, w_uv: torch.Tensor) -> bool:
+    """attention_cuda_absorbed's GEMMs write bf16 in place (bmm out= has no autograd): a bf16 model, switched on,
+    no gradient wanted (the kernel has no backward either)."""
+    grads = torch.is_grad_enabled() and any(t.requires_grad for t in (q_nope, w_uk, w_uv))
+    return (FUSED_ABSORB and q_nope.dtype == w_uk.dtype == w_uv.dtype == torch.bfloat16 and q_nope.stride(-1) == 1
+            and not grads)

@@ -171,7 +171,7 @@ class Transformer:
             return self._attention_invariant(layer, proj, cache.kv[layer], past_lens, anc, w_uk, w_uv)
         if naive:
             o = attention_naive(proj.q_nope, proj.q_pe, cache.kv[layer, :, :S], w_uk, w_uv, cfg, visible)
-        elif attn == "cuda" and fused_absorb_runs(proj.q_nope, w_uk):
+        elif attn == "cuda" and fused_absorb_runs(proj.q_nope, w_uk, w_uv):
             o = attention_cuda_absorbed(proj.q_nope, proj.q_pe, w_uk, w_uv, cache.kv[layer], past_lens, anc,
                                         cfg.softmax_scale)
         else:
