@@ -12,7 +12,7 @@ from typing import Any
 import jinja2
 from markupsafe import Markup, escape
 
-from kdbench import paired, report_header, report_plots, tolerances
+from kdbench import e2e_best, paired, report_header, report_plots, tolerances
 from kdbench import report_tables as tables
 from kdbench.parallel.report_section import topology_section
 from kdbench.replay_section import replay_section
@@ -181,7 +181,8 @@ def headlines(records: list[Record], best: dict, peers: dict) -> dict[str, list[
                        if kind == "kernel"],
             "acceptance": tables.acceptance_headline(groups.get(("acceptance", ""), [])),
             "paired": paired.ddtree_vs_chain(records),
-            "e2e": tables.e2e_headline(groups.get(("e2e", ""), []))}
+            "e2e": tables.e2e_headline(groups.get(("e2e", ""), [])),
+            "best": e2e_best.best_by_batch(records)}
 
 
 # ------------------------------------------------------------------------------------------ environment

@@ -7,7 +7,7 @@ import re
 from collections import Counter
 from typing import Any
 
-from kdbench.report_tables import grouped, low_high, median, missing, policy_label, shape_of, speedup_unsure
+from kdbench.report_tables import grouped, low_high, median, missing, policy_label, shape_of, speedup_interval, speedup_unsure
 from kdbench.results import Record
 
 KIND_ORDER = ("kernel", "acceptance", "e2e", "topology")
@@ -35,7 +35,7 @@ def _generation_items(recs: list[Record]) -> list[str]:
         items.append(f"{len(slow)} row(s) slower than AR (speedup {lo:.2f}–{hi:.2f}×): {_where(slow)}")
     unsure = [r for r in recs if speedup_unsure(r)]
     if unsure:
-        lo, hi = low_high(r.extra["speedup_ci95"][0] for r in unsure)
+        lo, hi = low_high(speedup_interval(r)[0] for r in unsure)
         items.append(f"{len(unsure)} row(s) faster than AR whose speedup's 95% interval over batches reaches below 1 "
                      f"(lower ends {lo:.2f}–{hi:.2f}×): {_where(unsure)}")
     off = [r for r in recs if not missing(r.predicted_speedup) and not missing(r.speedup_vs_ar)

@@ -87,10 +87,17 @@ def verdict_counts(records: list[Record]) -> list[tuple[str, int]]:
 PREDICTION_OFF = 0.25   # e2e: predicted / measured speedup further than this from 1 needs a look
 
 
-def speedup_unsure(rec: Record) -> bool:
-    """A speculative row faster than AR whose speedup interval (over batches, kinds/e2e.py) reaches below 1."""
+def speedup_interval(rec: Record) -> tuple[float, float] | None:
+    """An e2e row's speedup interval over batches (kinds/e2e.speedup_uncertainty), or None. Rows of s12's first
+    form (over prompts, no speedup_batches) are read as having none."""
     ci = rec.extra.get("speedup_ci95")
-    return not missing(rec.speedup_vs_ar) and rec.speedup_vs_ar >= 1 and bool(ci) and ci[0] < 1
+    return (float(ci[0]), float(ci[1])) if ci and "speedup_batches" in rec.extra else None
+
+
+def speedup_unsure(rec: Record) -> bool:
+    """A speculative row faster than AR whose speedup interval reaches below 1."""
+    ci = speedup_interval(rec)
+    return not missing(rec.speedup_vs_ar) and rec.speedup_vs_ar >= 1 and ci is not None and ci[0] < 1
 
 
 def ci_text(ci, n, over: str, unit: str = "") -> str:
@@ -109,7 +116,7 @@ def e2e_flags(rec: Record) -> list[str]:
     if rec.speedup_vs_ar < 1:
         out.append(f"speedup {rec.speedup_vs_ar:.2f}x < 1 vs AR")
     elif speedup_unsure(rec):
-        lo, hi = rec.extra["speedup_ci95"]
+        lo, hi = speedup_interval(rec)
         out.append(f"speedup {rec.speedup_vs_ar:.2f}x, but its 95% interval over {rec.extra.get('speedup_batches')} "
                    f"batches ({lo:.2f}-{hi:.2f}x) reaches below 1")
     if not missing(rec.predicted_speedup) and abs(rec.predicted_speedup / rec.speedup_vs_ar - 1) > PREDICTION_OFF:
@@ -324,7 +331,7 @@ def generation_rows(recs: list[Record], depths: int = 4) -> list[dict[str, Any]]
                        more_depths=len(rates) > depths, note=extra_note, graph_mode=graph_mode(r),
                        slot_eff=r.extra.get("slot_efficiency"), **forward_cells(r),
                        tau_ci=ci_text(r.extra.get("tau_ci95"), r.extra.get("tau_prompts"), "prompts"),
-                       speedup_ci=ci_text(r.extra.get("speedup_ci95"), r.extra.get("speedup_batches"), "batches", "x")))
+                       speedup_ci=ci_text(speedup_interval(r), r.extra.get("speedup_batches"), "batches", "x")))
     return out
 
 

@@ -203,6 +203,14 @@ def test_rope_takes_the_eager_formula_off_the_gpu_and_under_autograd():
     assert xr.grad is not None
 
 
+def test_rope_refuses_heads_per_program_that_are_not_a_power_of_2():
+    from kdbench.model import fused_triton as ft
+    x, pos, freqs = torch.zeros(1, 1, 8, 64), torch.zeros(1, 1, dtype=torch.int64), torch.zeros(32, dtype=torch.float64)
+    for bad in (0, 6, -4):
+        with pytest.raises(ValueError, match="block_heads must be a power of 2"):
+            ft.rope(x, pos, freqs, block_heads=bad)
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (the Triton RoPE of the default path)")
 @pytest.mark.parametrize("shape, lead, pos_form", [((3, 5, 64, 64), 128, "random"), ((2, 7, 64), 512, "random"),

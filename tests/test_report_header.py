@@ -55,6 +55,9 @@ def test_faster_row_whose_interval_reaches_below_one_needs_attention():
     one = e2e(speedup=1.3)
     one.extra.update({"speedup_ci95": None, "speedup_batches": 1, "tau_ci95": None, "tau_prompts": 1})
     assert report_tables.generation_rows([one])[0]["speedup_ci"] == "one of the batches: none"
+    old_form = e2e(speedup=1.2)                     # s12's first form: over prompts, no speedup_batches
+    old_form.extra.update({"speedup_ci95": [0.9, 1.5]})
+    assert report_tables.speedup_interval(old_form) is None and not issues([old_form])["attention"]
 
 
 def test_prediction_more_than_25_percent_off_needs_attention_and_absence_is_fine():

@@ -54,13 +54,13 @@ def rope(x: torch.Tensor, positions: torch.Tensor, freqs: torch.Tensor, fp64_tri
     fp64_trig: float64 cos / sin (s11's form); block_heads: heads per program (a power of 2). One program per row for
     all 64 heads took 11.4 us per call for q_pe at batch 1, 8 heads a program 2.4 us and 16 3.1 us (s12 call B,
     graphs of 20 calls; float64 cos / sin 13.5 us), so the default is 8. reports/h200/forward_profile.py times them."""
+    if block_heads < 1 or block_heads & (block_heads - 1):
+        raise ValueError(f"rope: block_heads must be a power of 2, got {block_heads}")
     B, T = x.shape[:2]
     H = x.shape[2] if x.dim() == 4 else 1
     P = x.shape[-1] // 2
     sxh = x.stride(2) if x.dim() == 4 else 0
     y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-    if block_heads < 1 or block_heads & (block_heads - 1):
-        raise ValueError(f"rope: block_heads must be a power of 2, got {block_heads}")
     bh = min(block_heads, triton.next_power_of_2(H))
     if B * T * H:
         _rope_kernel[(B * T, triton.cdiv(H, bh))](
