@@ -34,6 +34,15 @@ class Prediction:
     verify_gb: float     # bytes the verify forward moves, GB
     verify_s: float = math.nan          # modeled verify forward
     outside_verify_s: float = math.nan  # modeled draft + build + accept + compact
+    tau_lo: float = math.nan            # tau's 95 % interval over the trace's prompts (replay.tau_interval)
+    tau_hi: float = math.nan
+    prompts: int = 0
+
+    def speedup_interval(self) -> tuple[float, float] | None:
+        """The speedup at the modeled step times over tau's interval: speedup x [lo, hi] / tau, or None."""
+        if math.isnan(self.tau_lo) or not self.tau > 0:
+            return None
+        return self.speedup * self.tau_lo / self.tau, self.speedup * self.tau_hi / self.tau
 
 
 CostSetting = cm.CostSetting
@@ -73,10 +82,13 @@ def sweep(trace: Trace, kinds: list[dict], budgets: list[int], batches: list[int
                 rows = r.mean_nodes
                 nodes = max(int(round(rows)) - 1, 0)
                 step = cm.spec_step(cs, batch, nodes, dc)
+                iv = r.tau_interval()
                 out.append(Prediction(spec["kind"], policy.label, budget, batch, r.mean_tau, rows, step.seconds,
                                       ar.seconds, batch * r.mean_tau / step.seconds,
                                       r.mean_tau * ar.seconds / step.seconds, step.experts, step.bytes / 1e9,
-                                      step.verify_s, step.seconds - step.verify_s))
+                                      step.verify_s, step.seconds - step.verify_s,
+                                      math.nan if iv.lo is None else iv.lo, math.nan if iv.hi is None else iv.hi,
+                                      iv.n))
     return out
 
 
@@ -99,16 +111,35 @@ def live_check_budgets(budgets: list[int], best_budget: int) -> list[int]:
     return grid[lo:lo + 3]
 
 
+def ties(preds: list[Prediction], top: Prediction) -> list[int]:
+    """Budgets of top's policy and batch whose speedup interval overlaps top's: not told apart from it on the
+    trace's prompts (plans/0016-tau-intervals.md)."""
+    a = top.speedup_interval()
+    out = []
+    for p in preds:
+        b = p.speedup_interval()
+        if (p.policy, p.batch) == (top.policy, top.batch) and p is not top and a and b and a[0] <= b[1] and b[0] <= a[1]:
+            out.append(p.budget)
+    return sorted(out)
+
+
 def markdown(preds: list[Prediction], title: str) -> str:
-    """The best-budget table (one row per policy and batch) then every point; all values MODELED."""
+    """The best-budget table (one row per policy and batch), with tau's interval over the trace's prompts, the
+    speedup's at the modeled step times and the budgets not told apart from the best; all step times MODELED."""
     b = best(preds)
-    lines = [f"### {title} (modeled)", "", "| policy | batch | best budget | tau (replayed) | step ms (modeled) | "
-             "AR step ms (modeled) | tokens/s (modeled) | speedup vs AR (modeled) | experts/layer | verify GB |",
-             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    lines = [f"### {title} (modeled)", "", "| policy | batch | best budget | tau (replayed) | tau 95% | step ms (modeled) "
+             "| AR step ms (modeled) | tokens/s (modeled) | speedup vs AR (modeled) | speedup 95% | budgets not told "
+             "apart | experts/layer | verify GB |",
+             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: | ---: |"]
     for (kind, batch), p in sorted(b.items(), key=lambda kv: (kv[0][1], kv[0][0])):
         budget = "static" if kind == "static_kary" else str(p.budget)
-        lines.append(f"| {kind} | {batch} | {budget} | {p.tau:.2f} | {p.step_s * 1e3:.2f} | {p.ar_step_s * 1e3:.2f}"
-                     f" | {p.tokens_per_s:.0f} | {p.speedup:.2f}x | {p.experts:.0f} | {p.verify_gb:.1f} |")
+        iv = p.speedup_interval()
+        tau_ci = f"{p.tau_lo:.2f}-{p.tau_hi:.2f} ({p.prompts})" if iv else "-"
+        sp_ci = f"{iv[0]:.2f}-{iv[1]:.2f}x" if iv else "-"
+        near = ", ".join(map(str, ties(preds, p))) or "-"
+        lines.append(f"| {kind} | {batch} | {budget} | {p.tau:.2f} | {tau_ci} | {p.step_s * 1e3:.2f} | "
+                     f"{p.ar_step_s * 1e3:.2f} | {p.tokens_per_s:.0f} | {p.speedup:.2f}x | {sp_ci} | {near} | "
+                     f"{p.experts:.0f} | {p.verify_gb:.1f} |")
     return "\n".join(lines)
 
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from kdbench.engine.stages import Policy
+from kdbench.intervals import ratio_interval
 from kdbench.references.tree_accept import accept_greedy
 from kdbench.references.tree_build import Tree
 
@@ -42,6 +43,10 @@ class ReplayResult:
     def mean_nodes(self) -> float:
         rows = [n for p in self.prompts for n in p.nodes]
         return float(np.mean(rows)) if rows else float("nan")
+
+    def tau_interval(self):
+        """mean_tau's 95 % interval over the trace's prompts (intervals.ratio_interval: tokens / rounds)."""
+        return ratio_interval([sum(p.tau) for p in self.prompts], [len(p.tau) for p in self.prompts])
 
     def per_prompt(self) -> list[float]:
         return [float(np.mean(p.tau)) if p.tau else float("nan") for p in self.prompts]

@@ -127,6 +127,27 @@ def test_best_budget_is_the_highest_modeled_throughput():
         assert p.tokens_per_s == max(same) and p.speedup == pytest.approx(p.tau * p.ar_step_s / p.step_s)
     taus = [q.tau for q in preds if q.policy == "ddtree" and q.batch == 1]
     assert taus == sorted(taus) and taus[-1] > taus[0]
+    # tau's interval over the trace's 3 prompts, the speedup's at the modeled step times, the budgets it overlaps
+    for (kind, batch), p in bb.best(preds).items():
+        assert p.prompts == 3 and p.tau_lo <= p.tau <= p.tau_hi
+        lo, hi = p.speedup_interval()
+        assert lo == pytest.approx(p.speedup * p.tau_lo / p.tau) and hi == pytest.approx(p.speedup * p.tau_hi / p.tau)
+        for budget in bb.ties(preds, p):
+            q = next(q for q in preds if (q.policy, q.batch, q.budget) == (kind, batch, budget))
+            assert q is not p and q.speedup_interval()[1] >= lo and q.speedup_interval()[0] <= hi
+    table = bb.markdown(preds, "t")
+    assert "| tau 95% |" in table and "budgets not told apart" in table and "(3) |" in table
+
+
+def test_replay_tau_interval_is_the_pooled_ratio_over_prompts():
+    trace = tr.synthetic(4, 12, 16, vocab=128, quality=0.8, rank_probs=(0.7, 0.3), seed=3)
+    from kdbench.engine.stages import Policy
+    from kdbench.intervals import ratio_interval
+    from kdbench.replay import replay
+    r = replay(trace, Policy(kind="ddtree", budget=8), None)
+    iv = r.tau_interval()
+    want = ratio_interval([sum(p.tau) for p in r.prompts], [len(p.tau) for p in r.prompts])
+    assert iv == want and iv.n == 4 and iv.value == pytest.approx(r.mean_tau)
 
 
 def test_chain_anc_is_the_engine_chain():
@@ -243,3 +264,14 @@ def test_live_check_budgets_are_the_best_and_its_two_nearest():
     assert bb.live_check_budgets(grid, 4) == [4, 8, 16]            # bottom: both above
     assert bb.live_check_budgets([16, 64], 64) == [16, 64]
     assert bb.live_check_budgets(list(reversed(grid)), 8) == [4, 8, 16]
+
+
+def test_budgets_not_told_apart_are_the_overlapping_intervals():
+    def pred(budget, speedup, tau_lo, tau_hi, batch=1, policy="ddtree"):
+        return bb.Prediction(policy, f"{policy}(B={budget})", budget, batch, 2.0, 10.0, 1e-3, 1e-3, 1.0, speedup,
+                             8.0, 1.0, tau_lo=tau_lo, tau_hi=tau_hi, prompts=12)
+    top = pred(64, 1.4, 1.8, 2.2)                      # speedup 1.26-1.54
+    near, far = pred(16, 1.2, 1.8, 2.2), pred(256, 1.0, 1.9, 2.1)   # 1.08-1.32 overlaps; 0.95-1.05 does not
+    other_batch, no_iv = pred(32, 1.3, 1.8, 2.2, batch=8), pred(8, 1.35, math.nan, math.nan)
+    assert bb.ties([top, near, far, other_batch, no_iv], top) == [16]
+    assert no_iv.speedup_interval() is None
