@@ -113,8 +113,10 @@ def live_check_budgets(budgets: list[int], best_budget: int) -> list[int]:
 
 def ties(preds: list[Prediction], top: Prediction) -> list[int]:
     """Budgets of top's policy and batch whose speedup interval overlaps top's: not told apart from it on the
-    trace's prompts (plans/0016-tau-intervals.md)."""
+    trace's prompts (plans/0016-tau-intervals.md). None for static k-ary: its budget does not change its tree."""
     a = top.speedup_interval()
+    if top.policy == "static_kary":
+        return []
     out = []
     for p in preds:
         b = p.speedup_interval()

@@ -55,3 +55,26 @@ def scaled(value: float, iv: Interval) -> list[float] | None:
     if iv.lo is None or not (iv.value > 0 and math.isfinite(iv.value) and math.isfinite(value)):
         return None
     return [value * iv.lo / iv.value, value * iv.hi / iv.value]
+
+
+def speedup_interval(rec) -> tuple[float, float] | None:
+    """An e2e record's speedup interval over batches (kinds/e2e.speedup_uncertainty), or None. Records of s12's first
+    form (over prompts, no speedup_batches) are read as having none."""
+    ci = rec.extra.get("speedup_ci95")
+    return (float(ci[0]), float(ci[1])) if ci and "speedup_batches" in rec.extra else None
+
+
+def speedup_unsure(rec) -> bool:
+    """A speculative record faster than AR whose speedup interval reaches below 1."""
+    ci, s = speedup_interval(rec), rec.speedup_vs_ar
+    return s is not None and math.isfinite(s) and s >= 1 and ci is not None and ci[0] < 1
+
+
+UNITS = {"prompt": "prompts", "batch": "batches"}
+
+
+def ci_text(ci, n, unit: str, suffix: str = "") -> str:
+    """'lo-hi<suffix> (n prompts | batches)' of an interval over n units, '1 <unit>: no interval', or ''."""
+    if not ci:
+        return f"1 {unit}: no interval" if n == 1 else ""
+    return f"{ci[0]:.2f}-{ci[1]:.2f}{suffix} ({n} {UNITS[unit]})"

@@ -195,6 +195,9 @@ def _run_notes(base_dir: Path, new_dir: Path) -> list[str]:
     bs, ns = (m.get("fingerprint", {}).get("gpu_slug") for m in (bm, nm))
     if bs and ns and bs != ns:
         notes.append(f"different machines: baseline {bs}, new {ns}")
+    bk, nk = (m.get("fingerprint", {}).get("kernel_knobs") for m in (bm, nm))
+    if bk is not None and nk is not None and bk != nk:
+        notes.append(f"different kernel knobs (other plans or launches): baseline {bk or 'none'}, new {nk or 'none'}")
     return notes
 
 

@@ -7,7 +7,8 @@ import re
 from collections import Counter
 from typing import Any
 
-from kdbench.report_tables import grouped, low_high, median, missing, policy_label, shape_of, speedup_interval, speedup_unsure
+from kdbench.intervals import speedup_interval, speedup_unsure
+from kdbench.report_tables import grouped, low_high, median, missing, policy_label, shape_of
 from kdbench.results import Record
 
 KIND_ORDER = ("kernel", "acceptance", "e2e", "topology")

@@ -12,6 +12,7 @@ from dataclasses import asdict
 from typing import Any, Iterable
 
 from kdbench.backends import registry
+from kdbench.intervals import ci_text, speedup_interval, speedup_unsure
 from kdbench.results import Record
 
 STATUS_ORDER = ("pass", "fail", "error", "skipped", "ambiguous", "info")
@@ -85,26 +86,6 @@ def verdict_counts(records: list[Record]) -> list[tuple[str, int]]:
 
 
 PREDICTION_OFF = 0.25   # e2e: predicted / measured speedup further than this from 1 needs a look
-
-
-def speedup_interval(rec: Record) -> tuple[float, float] | None:
-    """An e2e row's speedup interval over batches (kinds/e2e.speedup_uncertainty), or None. Rows of s12's first
-    form (over prompts, no speedup_batches) are read as having none."""
-    ci = rec.extra.get("speedup_ci95")
-    return (float(ci[0]), float(ci[1])) if ci and "speedup_batches" in rec.extra else None
-
-
-def speedup_unsure(rec: Record) -> bool:
-    """A speculative row faster than AR whose speedup interval reaches below 1."""
-    ci = speedup_interval(rec)
-    return not missing(rec.speedup_vs_ar) and rec.speedup_vs_ar >= 1 and ci is not None and ci[0] < 1
-
-
-def ci_text(ci, n, over: str, unit: str = "") -> str:
-    """'lo-hi (n <over>)' of a [lo, hi] interval over n prompts or batches, 'one <over>: none' for one, '' else."""
-    if not ci:
-        return f"one of the {over}: none" if n == 1 else ""
-    return f"{ci[0]:.2f}-{ci[1]:.2f}{unit} ({n} {over})"
 
 
 def e2e_flags(rec: Record) -> list[str]:
@@ -330,8 +311,8 @@ def generation_rows(recs: list[Record], depths: int = 4) -> list[dict[str, Any]]
         out.append(row(r, policy=policy, budget=budget, per_depth=rates[:depths],
                        more_depths=len(rates) > depths, note=extra_note, graph_mode=graph_mode(r),
                        slot_eff=r.extra.get("slot_efficiency"), **forward_cells(r),
-                       tau_ci=ci_text(r.extra.get("tau_ci95"), r.extra.get("tau_prompts"), "prompts"),
-                       speedup_ci=ci_text(speedup_interval(r), r.extra.get("speedup_batches"), "batches", "x")))
+                       tau_ci=ci_text(r.extra.get("tau_ci95"), r.extra.get("tau_prompts"), "prompt"),
+                       speedup_ci=ci_text(speedup_interval(r), r.extra.get("speedup_batches"), "batch", "x")))
     return out
 
 

@@ -8,11 +8,11 @@ from kdbench.e2e_best import best_by_batch, verdict
 from kdbench.results import Record, RunWriter
 
 
-def e2e(policy, batch, speedup, ci, status="info", batches=12):
-    rec = Record("e", "e2e", f"b{batch}-{policy}", "", "cuda", "bfloat16", "NVIDIA H200", policy=policy,
-                 status=status, shape=json.dumps({"model": "pair", "batch": batch, "policy": policy.split("(")[0]}),
-                 speedup_vs_ar=speedup, lossless="yes")
-    rec.extra.update({"speedup_ci95": ci, "speedup_batches": batches, "graph_mode": "graph"})
+def e2e(policy, batch, speedup, ci, status="info", batches=12, moe="auto", mode="graph"):
+    shape = {"model": "pair", "batch": batch, "policy": policy.split("(")[0], "budget": 64, "moe": moe}
+    rec = Record("e", "e2e", f"b{batch}-{policy}-{moe}", "", "cuda", "bfloat16", "NVIDIA H200", policy=policy,
+                 status=status, shape=json.dumps(shape), speedup_vs_ar=speedup, lossless="yes")
+    rec.extra.update({"speedup_ci95": ci, "speedup_batches": batches, "graph_mode": mode})
     return rec
 
 
@@ -20,7 +20,7 @@ def test_verdict_needs_the_interval_to_clear_one():
     assert verdict(1.3, (1.05, 1.5)) == "faster than AR"
     assert verdict(1.3, (0.95, 1.6)) == "not told apart from AR"
     assert verdict(0.6, (0.5, 0.7)) == "slower than AR"
-    assert verdict(1.1, None) == "faster than AR (no interval)" and verdict(0.9, None) == "slower than AR (no interval)"
+    assert verdict(1.0, None) == "point estimate 1.00x, no interval"
 
 
 def test_best_row_per_batch_with_its_ties():
@@ -44,3 +44,17 @@ def test_report_draws_the_fastest_policy_table(tmp_path):
     html = report.render(run).read_text(encoding="utf-8")
     assert "Fastest policy per batch size (measured)" in html
     assert "1.10&ndash;1.62&times; (12 batches)" in html and ">faster than AR<" in html
+
+
+def test_settings_stay_apart_and_rows_without_a_figure_are_left_out():
+    """Another MoE dispatch or graph mode at the same batch is another setting; a NaN speedup and an interval-less
+    best say so instead of reading as clearly ahead."""
+    recs = [e2e("ddtree(B=64)", 1, 1.3, [1.1, 1.5]), e2e("ddtree(B=64)", 1, 1.1, [0.9, 1.3], moe="grouped"),
+            e2e("ddtree(B=16)", 1, 1.2, None, mode="eager"), e2e("chain(B=15)", 1, 1.19, None, mode="eager"),
+            e2e("ddtree(B=256)", 1, float("nan"), [1.0, 2.0])]
+    rows = best_by_batch(recs)
+    assert len(rows) == 3 and {(r["case"], r["mode"]) for r in rows} == {
+        ("b1-ddtree(B=64)-auto", "graph"), ("b1-ddtree(B=64)-grouped", "graph"), ("b1-ddtree(B=16)-auto", "eager")}
+    eager = next(r for r in rows if r["mode"] == "eager")
+    assert eager["ties"] == "unknown (no interval)" and eager["verdict"] == "point estimate 1.20x, no interval"
+    assert all(r["rows"] == 1 for r in rows if r["mode"] == "graph")

@@ -1,5 +1,6 @@
 """Tests of kdbench.regress (U test, verdicts, exit code, HTML) and kdbench.nightly (baseline handling) on
 synthetic run directories: a planted 20% slowdown is caught, A/A pairs are not, clocks make it ambiguous."""
+import json
 import sys
 import types
 from pathlib import Path
@@ -286,3 +287,17 @@ def test_run_nightly_compares_with_the_baseline(tmp_path, monkeypatch):
     assert (tmp_path / "n1" / "compare.html").exists() and (tmp_path / "n1" / "report.html").exists()
     with pytest.raises(UserError):
         nightly.scenario_paths(tmp_path / "empty")
+
+
+def test_runs_under_other_kernel_knobs_are_noted(tmp_path):
+    """A baseline timed with KDB_TVM_SPLITS forced (another plan) against a default run: the comparison says so."""
+    base = write_run(tmp_path / "base", [rec("a", samples(1))])
+    new = write_run(tmp_path / "new", [rec("a", samples(2))])
+    for run, knobs in ((base, {"KDB_TVM_SPLITS": "4"}), (new, {})):
+        meta = json.loads((run / "meta.json").read_text())
+        meta["fingerprint"]["kernel_knobs"] = knobs
+        (run / "meta.json").write_text(json.dumps(meta))
+    notes = compare(base, new).notes
+    assert any("different kernel knobs" in n and "KDB_TVM_SPLITS" in n and "new none" in n for n in notes)
+    same = write_run(tmp_path / "same", [rec("a", samples(3))])   # no knobs recorded (older runs): no note
+    assert not any("kernel knobs" in n for n in compare(base, same).notes)

@@ -5,7 +5,7 @@ throttled rows); ceilings per device the row was timed on; tolerances per case; 
 import json
 import math
 
-from kdbench import report, report_header, report_plots, report_tables
+from kdbench import intervals, report, report_header, report_plots, report_tables
 from kdbench.errors import clip
 from kdbench.results import Record, RunWriter
 
@@ -54,10 +54,10 @@ def test_faster_row_whose_interval_reaches_below_one_needs_attention():
     assert cells["speedup_ci"] == "0.90-1.50x (3 batches)" and cells["tau_ci"] == "2.00-2.60 (24 prompts)"
     one = e2e(speedup=1.3)
     one.extra.update({"speedup_ci95": None, "speedup_batches": 1, "tau_ci95": None, "tau_prompts": 1})
-    assert report_tables.generation_rows([one])[0]["speedup_ci"] == "one of the batches: none"
+    assert report_tables.generation_rows([one])[0]["speedup_ci"] == "1 batch: no interval"
     old_form = e2e(speedup=1.2)                     # s12's first form: over prompts, no speedup_batches
     old_form.extra.update({"speedup_ci95": [0.9, 1.5]})
-    assert report_tables.speedup_interval(old_form) is None and not issues([old_form])["attention"]
+    assert intervals.speedup_interval(old_form) is None and not issues([old_form])["attention"]
 
 
 def test_prediction_more_than_25_percent_off_needs_attention_and_absence_is_fine():

@@ -190,15 +190,19 @@ def tau_uncertainty(results: list[GenerateResult]) -> dict:
     """Per-prompt tau and steps, and the pooled tau's 95 % interval over prompts (intervals.py)."""
     steps = per_prompt_steps(results)
     iv = ratio_interval([y for y, _ in steps], [x for _, x in steps])
-    return {"tau_per_prompt": per_prompt_tau(results), "tau_steps_per_prompt": [x for _, x in steps],
-            "tau_prompts": iv.n, "tau_ci95": None if iv.lo is None else [iv.lo, iv.hi]}
+    return {"tau_per_prompt": [y / x if x else float("nan") for y, x in steps],
+            "tau_steps_per_prompt": [x for _, x in steps], "tau_prompts": iv.n,
+            "tau_ci95": None if iv.lo is None else [iv.lo, iv.hi]}
 
 
 def by_category(results: list[GenerateResult], cats: list[str]) -> dict[str, float]:
     """The pooled tau (committed tokens / steps) of each category's prompts, as the row's tau is pooled."""
-    steps = per_prompt_steps(results)
-    return {c: ratio_interval([y for (y, _), k in zip(steps, cats) if k == c],
-                              [x for (_, x), k in zip(steps, cats) if k == c]).value for c in dict.fromkeys(cats)}
+    steps, out = per_prompt_steps(results), {}
+    for c in dict.fromkeys(cats):
+        y = sum(yi for (yi, _), k in zip(steps, cats) if k == c)
+        x = sum(xi for (_, xi), k in zip(steps, cats) if k == c)
+        out[c] = y / x if x else float("nan")
+    return out
 
 
 def first_divergence(ar: list[GenerateResult], spec: list[GenerateResult]) -> tuple[int, int] | None:
