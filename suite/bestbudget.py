@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 from kdbench import plots
 from kdbench.engine.stages import Policy
+from kdbench.intervals import overlaps
 from kdbench.model.drafter import DrafterConfig
 
 from . import costmodel as cm
@@ -114,15 +115,11 @@ def live_check_budgets(budgets: list[int], best_budget: int) -> list[int]:
 def ties(preds: list[Prediction], top: Prediction) -> list[int]:
     """Budgets of top's policy and batch whose speedup interval overlaps top's: not told apart from it on the
     trace's prompts (plans/0016-tau-intervals.md). None for static k-ary: its budget does not change its tree."""
-    a = top.speedup_interval()
     if top.policy == "static_kary":
         return []
-    out = []
-    for p in preds:
-        b = p.speedup_interval()
-        if (p.policy, p.batch) == (top.policy, top.batch) and p is not top and a and b and a[0] <= b[1] and b[0] <= a[1]:
-            out.append(p.budget)
-    return sorted(out)
+    a = top.speedup_interval()
+    return sorted(p.budget for p in preds if (p.policy, p.batch) == (top.policy, top.batch) and p is not top
+                  and overlaps(a, p.speedup_interval()))
 
 
 def markdown(preds: list[Prediction], title: str) -> str:

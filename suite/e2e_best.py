@@ -11,7 +11,7 @@ import json
 import math
 from typing import Any
 
-from kdbench.intervals import speedup_interval
+from kdbench.intervals import overlaps, speedup_interval
 from kdbench.report_tables import graph_mode, grouped, policy_label, shape_of
 from kdbench.results import Record
 
@@ -29,10 +29,6 @@ def verdict(speedup: float, ci: tuple[float, float] | None) -> str:
     return "not told apart from AR"
 
 
-def _overlaps(a: tuple[float, float], b: tuple[float, float] | None) -> bool:
-    return b is not None and a[0] <= b[1] and b[0] <= a[1]
-
-
 def _setting(r: Record) -> tuple:
     shape = {k: v for k, v in shape_of(r).items() if k not in POLICY_FIELDS}
     return (str(shape.get("model", "")), int(shape.get("batch", 1)), json.dumps(shape, sort_keys=True, default=str),
@@ -42,7 +38,7 @@ def _setting(r: Record) -> tuple:
 def _ties(group: list[Record], best: Record, ci: tuple[float, float] | None) -> str:
     if ci is None:
         return "unknown (no interval)"
-    return ", ".join(policy_label(r) for r in group if r is not best and _overlaps(ci, speedup_interval(r)))
+    return ", ".join(policy_label(r) for r in group if r is not best and overlaps(ci, speedup_interval(r)))
 
 
 def best_by_batch(records: list[Record]) -> list[dict[str, Any]]:

@@ -57,6 +57,11 @@ def scaled(value: float, iv: Interval) -> list[float] | None:
     return [value * iv.lo / iv.value, value * iv.hi / iv.value]
 
 
+def overlaps(a, b) -> bool:
+    """Two [lo, hi] intervals share a point; False when either is None (no interval: nothing to tell apart)."""
+    return a is not None and b is not None and a[0] <= b[1] and b[0] <= a[1]
+
+
 def speedup_interval(rec) -> tuple[float, float] | None:
     """An e2e record's speedup interval over batches (kinds/e2e.speedup_uncertainty), or None. Records of s12's first
     form (over prompts, no speedup_batches) are read as having none."""

@@ -178,7 +178,7 @@ def speedup_uncertainty(results, max_new_tokens: int, speedup: float) -> dict:
     unit whose step count varies (at batch 1, the prompt). Delivered tokens per batch step, y_b / x_b with y_b =
     requests x (max_new_tokens - 1) and x_b its steps, as a ratio interval (intervals.py), scales the measured
     speedup at the measured step times."""
-    iv = ratio_interval([len(r.tokens) * (max_new_tokens - 1) for r in results], [len(r.steps) for r in results])
+    iv = ratio_interval([delivered_tokens([r], max_new_tokens) for r in results], [len(r.steps) for r in results])
     return {"speedup_ci95": scaled(speedup, iv), "speedup_batches": iv.n}
 
 

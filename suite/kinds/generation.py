@@ -181,16 +181,21 @@ def per_prompt_steps(results: list[GenerateResult]) -> list[tuple[float, int]]:
     return out
 
 
+def _taus(steps: list[tuple[float, int]]) -> list[float]:
+    """tokens / steps of each (tokens, steps) pair; NaN for a prompt without a speculative step."""
+    return [y / x if x else float("nan") for y, x in steps]
+
+
 def per_prompt_tau(results: list[GenerateResult]) -> list[float]:
     """Mean tau of each prompt over its steps (prompt order, batches concatenated): the paired statistic."""
-    return [y / x if x else float("nan") for y, x in per_prompt_steps(results)]
+    return _taus(per_prompt_steps(results))
 
 
 def tau_uncertainty(results: list[GenerateResult]) -> dict:
     """Per-prompt tau and steps, and the pooled tau's 95 % interval over prompts (intervals.py)."""
     steps = per_prompt_steps(results)
     iv = ratio_interval([y for y, _ in steps], [x for _, x in steps])
-    return {"tau_per_prompt": [y / x if x else float("nan") for y, x in steps],
+    return {"tau_per_prompt": _taus(steps),
             "tau_steps_per_prompt": [x for _, x in steps], "tau_prompts": iv.n,
             "tau_ci95": None if iv.lo is None else [iv.lo, iv.hi]}
 

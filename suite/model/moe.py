@@ -92,6 +92,9 @@ def route(x: torch.Tensor, w_gate: torch.Tensor, bias: torch.Tensor, cfg: ModelC
     return idx, weights * cfg.routed_scaling
 
 
+ROWS_F64 = 4   # swiglu's float64 CPU row padding (below)
+
+
 def swiglu(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, w3: torch.Tensor) -> torch.Tensor:
     """W2 (silu(W1 x) * W3 x): x [N, d], w1/w3 [m, d], w2 [d, m] -> [N, d]. float64 on the CPU pads the rows with
     zero rows to a multiple of ROWS_F64: MKL on an AMD EPYC (s11) computes the last N mod 4 rows of a float64 GEMM
@@ -103,9 +106,6 @@ def swiglu(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, w3: torch.Tensor
         pad = torch.cat((x, x.new_zeros(ROWS_F64 - n % ROWS_F64, x.shape[1])))
         return swiglu(pad, w1, w2, w3)[:n]
     return (F.silu(x @ w1.T) * (x @ w3.T)) @ w2.T
-
-
-ROWS_F64 = 4
 
 
 def experts_loop(x, idx, weights, w1, w2, w3) -> torch.Tensor:
