@@ -60,6 +60,24 @@ def eager_norm(x, w, eps):
     return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps) * w.float()).to(x.dtype)
 
 
+def abba(a, b, time_of) -> dict:
+    """{a: samples, b: samples} of time_of(key) in the orders a b, b a, b a, a b (ABBA over 2 rounds)."""
+    t = {a: [], b: []}
+    for order in ((a, b), (b, a), (b, a), (a, b)):
+        for k in order:
+            t[k].append(time_of(k))
+    return t
+
+
+def switched(switch: str, on: bool, fn):
+    """fn() with mla.<switch> set to on, then back on (every switch's shipped setting)."""
+    setattr(mla, switch, on)
+    try:
+        return fn()
+    finally:
+        setattr(mla, switch, True)
+
+
 def ops_ab(model) -> list[dict]:
     """Old vs shipped form of the gate, the norm and the RoPE (rope_cases), per call in graphs of OP_INNER calls,
     ABBA over 2 rounds -> medians per form."""
@@ -78,10 +96,7 @@ def ops_ab(model) -> list[dict]:
     cases += rope_cases(model, g)
     out = []
     for name, old, new in cases:
-        t = {"old": [], "new": []}
-        for order in (("old", "new"), ("new", "old"), ("new", "old"), ("old", "new")):
-            for k in order:
-                t[k].append(graph_ms(old if k == "old" else new, inner=OP_INNER))
+        t = abba("old", "new", lambda k, old=old, new=new: graph_ms(old if k == "old" else new, inner=OP_INNER))
         rec = {"op": name, "old_us": 1e3 * statistics.median(t["old"]), "new_us": 1e3 * statistics.median(t["new"])}
         out.append(rec)
         print(f"  {name:60s} old {rec['old_us']:7.1f} us  new {rec['new_us']:7.1f} us", flush=True)
@@ -113,14 +128,7 @@ def forwards_ab(model, switch: str) -> list[dict]:
     for batch, rows in ((1, 1), (8, 1), (1, 65), (8, 65)):
         tokens, positions, cache, lens, anc = _inputs(model, batch, rows, 1024, 0)
         fn = lambda: model.forward(tokens, positions, cache, lens, anc, attn="cuda", tap_layers=())  # noqa: E731
-        t = {True: [], False: []}
-        for order in ((False, True), (True, False), (True, False), (False, True)):
-            for on in order:
-                setattr(mla, switch, on)
-                try:
-                    t[on].append(graph_ms(fn))
-                finally:
-                    setattr(mla, switch, True)
+        t = abba(False, True, lambda on, fn=fn: switched(switch, on, lambda: graph_ms(fn)))
         rec = {"switch": switch, "batch": batch, "rows": rows, "off_ms": statistics.median(t[False]),
                "on_ms": statistics.median(t[True]), "samples_ms": {"off": t[False], "on": t[True]}}
         out.append(rec)
@@ -151,11 +159,8 @@ def main(out_dir: str, only_kernels: bool = False) -> None:
     with torch.no_grad():
         for name, batch, rows in FORWARDS:
             report[name] = forward_kernels(model, batch, rows)
-        mla.FUSED_ABSORB = False   # the verify forward's listing with the einsums and the concatenation too
-        try:
-            report["verify_b8x65_absorb_off"] = forward_kernels(model, 8, 65)
-        finally:
-            mla.FUSED_ABSORB = True
+        # the verify forward's listing with the einsums and the concatenation too
+        report["verify_b8x65_absorb_off"] = switched("FUSED_ABSORB", False, lambda: forward_kernels(model, 8, 65))
         if not only_kernels:
             report["ops_ab"] = ops_ab(model)
             report["forwards_ab"] = forwards_ab(model, "FUSED_SMALL_OPS") + forwards_ab(model, "FUSED_ABSORB")

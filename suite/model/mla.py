@@ -42,11 +42,16 @@ def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
     return y.to(x.dtype)
 
 
+def _wants_grad(*ts: torch.Tensor) -> bool:
+    """Autograd would need a backward through one of ts: the fused forms (no backward) must not run."""
+    return torch.is_grad_enabled() and any(t.requires_grad for t in ts)
+
+
 def _fused_small_op(x: torch.Tensor, available: bool, *grads: torch.Tensor) -> bool:
     """What both one-launch ops need: switched on, Triton available, a half-precision CUDA x with the last stride 1,
     and no gradient wanted through x or `grads` (the kernels have no backward)."""
     return (FUSED_SMALL_OPS and available and x.is_cuda and x.dtype in HALF and x.stride(-1) == 1
-            and not (torch.is_grad_enabled() and any(t.requires_grad for t in (x, *grads))))
+            and not _wants_grad(x, *grads))
 
 
 def _fused_norm_runs(x: torch.Tensor, w: torch.Tensor) -> bool:
@@ -245,6 +250,5 @@ def attention_cuda_absorbed(q_nope, q_pe, w_uk, w_uv, kv, past_lens, anc, scale:
 def fused_absorb_runs(q_nope: torch.Tensor, w_uk: torch.Tensor, w_uv: torch.Tensor) -> bool:
     """attention_cuda_absorbed's GEMMs write bf16 in place (bmm out= has no autograd): a bf16 model, switched on,
     no gradient wanted (the kernel has no backward either)."""
-    grads = torch.is_grad_enabled() and any(t.requires_grad for t in (q_nope, w_uk, w_uv))
     return (FUSED_ABSORB and q_nope.dtype == w_uk.dtype == w_uv.dtype == torch.bfloat16 and q_nope.stride(-1) == 1
-            and not grads)
+            and not _wants_grad(q_nope, w_uk, w_uv))
