@@ -240,9 +240,9 @@ def test_rope_on_the_gpu_is_one_launch_of_the_same_rotation(shape, lead, pos_for
     c, s, xd = torch.cos(ang).view(shp), torch.sin(ang).view(shp), x.double()
     want = torch.stack((xd[..., 0::2] * c - xd[..., 1::2] * s, xd[..., 0::2] * s + xd[..., 1::2] * c), -1).flatten(-2)
     ulp = (eager.float().abs() * 2 ** -7).clamp(min=1e-30)
-    # the shipped form (float32 cos / sin of the float64-reduced angle), s11's float64 cos / sin, all heads or 4 a program
+    # the shipped form (float32 cos / sin of the float64-reduced angle), s11's float64 cos / sin, all heads or 8 a program
     for got in (mla.rope_interleaved(x, pos, freqs), ft.rope(x, pos, freqs, fp64_trig=True),
-                ft.rope(x, pos, freqs, block_heads=64), ft.rope(x, pos, freqs, block_heads=4)):
+                ft.rope(x, pos, freqs, block_heads=64), ft.rope(x, pos, freqs, block_heads=8)):
         assert got.shape == x.shape and got.dtype == torch.bfloat16 and got.is_contiguous()
         assert ((got.float() - eager.float()).abs() <= ulp).all()
         assert float((got == eager).float().mean()) > 0.99

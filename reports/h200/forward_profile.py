@@ -7,7 +7,7 @@ Also a same-process A/B of some of its ops, old form against the shipped one, ea
 (per-call time) in alternating order (ABBA, 2 rounds): the router gate (float32 weight copy + float32 GEMM vs
 moe.gate_logits) at 1 / 8 / 520 rows, the RMS norm (eager formula vs mla.rms_norm) at the model's norm widths, the
 Triton RoPE's forms (s11's float64 cos / sin and one program for all heads, other heads per program) vs the shipped
-one (reduced float32 cos / sin, 8 heads a program, s12); and whole forwards (AR batch 1 and 8, verify batch 1 and
+one (reduced float32 cos / sin, 4 heads a program, s13); and whole forwards (AR batch 1 and 8, verify batch 1 and
 8 x 65) with each of two switches on and off, graphs captured per setting, ABBA over 2 rounds: mla.FUSED_SMALL_OPS
 (the one-launch norm and RoPE against their eager formulas) and mla.FUSED_ABSORB (s12: the absorbed products
 written in the kernel's layouts against the einsums and the concatenation). Writes OUT/forward_profile.json.
@@ -113,7 +113,7 @@ def rope_cases(model, g) -> list[tuple]:
                             device="cuda").bfloat16()
             forms = (("s11: float64 cos / sin, all heads a program", dict(fp64_trig=True, block_heads=64)),
                      ("all heads a program", dict(block_heads=64)), ("16 heads a program", dict(block_heads=16)),
-                     ("4 heads a program", dict(block_heads=4))) if h else (("s11", dict(fp64_trig=True)),)
+                     ("8 heads a program (s12)", dict(block_heads=8))) if h else (("s11", dict(fp64_trig=True)),)
             for label, kw in forms:
                 cases.append((f"rope {name} rows {n}x{rows}: {label} vs shipped",
                               lambda x=x, p=pos, kw=kw: fused_triton.rope(x, p, freqs, **kw),

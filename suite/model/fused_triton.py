@@ -48,12 +48,13 @@ def _rope_kernel(X, POS, F, Y, T, H, sxb, sxt, sxh, spb, spt, P: tl.constexpr, B
 
 
 def rope(x: torch.Tensor, positions: torch.Tensor, freqs: torch.Tensor, fp64_trig: bool = False,
-         block_heads: int = 8) -> torch.Tensor:
+         block_heads: int = 4) -> torch.Tensor:
     """x [B, T, dr] or [B, T, H, dr] (last stride 1), positions [B, T] int, freqs [dr / 2] float64 -> x rotated,
     contiguous, x's dtype. Launched without FMA contraction, so products and sums round as torch's do.
     fp64_trig: float64 cos / sin (s11's form); block_heads: heads per program (a power of 2). One program per row for
     all 64 heads took 11.4 us per call for q_pe at batch 1, 8 heads a program 2.4 us and 16 3.1 us (s12 call B,
-    graphs of 20 calls; float64 cos / sin 13.5 us), so the default is 8. reports/h200/forward_profile.py times them."""
+    graphs of 20 calls; float64 cos / sin 13.5 us). 4 heads: 2.2 us at batch 1, 7.8 us against 8 heads' 12.1 us for
+    verify's 8 x 65 rows (s13 call A), so the default is 4. reports/h200/forward_profile.py times them."""
     if block_heads < 1 or block_heads & (block_heads - 1):
         raise ValueError(f"rope: block_heads must be a power of 2, got {block_heads}")
     B, T = x.shape[:2]
