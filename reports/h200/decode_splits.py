@@ -51,8 +51,8 @@ def case(batch: int, rows: int) -> dict:
         got = with_splits(n, call)[0].float()
         rec["max_rel"][n] = float((got - ref).abs().max() / ref.abs().max())
     samples = {n: [] for n in SPLITS}
-    for r in range(ROUNDS):
-        for n in (SPLITS if r % 2 == 0 else SPLITS[::-1]):
+    for order in timing.round_orders(list(SPLITS), ROUNDS):
+        for n in order:
             samples[n] += with_splits(n, lambda: graph_us(call))
     rec["us"] = {n: statistics.median(v) for n, v in samples.items()}
     rec["samples_us"] = samples
