@@ -91,6 +91,8 @@ def logit_values(case: Case, rng: np.random.Generator) -> np.ndarray:
         stride = shape[2] // 4096  # vectors: V / 4096 chunks x 512 vectors over 512 sample vectors
         for v in range(512):
             x[..., v * stride * 8:v * stride * 8 + 8] = 10.0 + 0.0625 * (v % 64)
+    elif case.logits == "flat":  # every logit equal: the top-k are the k smallest ids
+        x = np.full(shape, 1.5)
     elif case.logits == "rising":
         x = np.linspace(-8.0, 8.0, shape[2]) + rng.normal(0, 0.01, shape)
     else:
@@ -147,6 +149,54 @@ SPLIT_CASES = [
     (Case(1, 2, 163848, 512, "bfloat16", "normal", 51), (1,)),
     (Case(1, 2, 163840, 256, "bfloat16", "rising", 52), (1,)),
 ]
+
+
+# The register path (csrc/tree_build_reg.h: split bf16 rows, one launch, the last block of a row merges), taken by
+# default at <= 128 rows: V 163840 and 2^18 (ids at the kIdBits limit), a last split of 8 logits (< k), a last
+# split of one partial chunk, ties at every cut (flat, ties), -inf rows, k 1 .. 256.
+REG_CASES = [
+    Case(1, 15, 163840, 64, "bfloat16", "normal", 61),
+    Case(1, 15, 163840, 16, "bfloat16", "ties", 62),
+    Case(8, 15, 163840, 256, "bfloat16", "normal", 63),
+    Case(2, 3, 262144, 64, "bfloat16", "rising", 64),
+    Case(1, 4, 163848, 64, "bfloat16", "normal", 65),
+    Case(2, 5, 10008, 65, "bfloat16", "flat", 66),
+    Case(1, 3, 163840, 256, "bfloat16", "sparse", 67),
+    Case(3, 2, 32000, 1, "bfloat16", "ties", 68),
+]
+
+
+def _kernel_names(fn) -> set[str]:
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    return {e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA}
+
+
+@gpu
+@pytest.mark.parametrize("case", REG_CASES, ids=[f"b{c.batch}-L{c.depth}-V{c.vocab}-k{c.budget}-{c.logits}" for c in REG_CASES])
+def test_topk_register_path_matches_reference(case, monkeypatch):
+    """The register path against float64 and against the admission path (KDB_TB_REG=0) on the same input; the
+    profiler shows which kernels ran (the register kernel alone, no merge launch)."""
+    rng = np.random.default_rng(case.seed)
+    x_np, x = _logits(case, rng)
+    k = min(case.budget, case.vocab)
+    _poison()
+    names = _kernel_names(lambda: _ext().tree_build_topk(x, k))
+    assert any("topk_reg_kernel" in n for n in names) and not any("merge_kernel" in n for n in names), names
+    top_lp, top_tok, lse = (t.cpu().numpy() for t in _ext().tree_build_topk(x, k))
+    monkeypatch.setenv("KDB_TB_REG", "0")
+    assert not any("topk_reg_kernel" in n for n in _kernel_names(lambda: _ext().tree_build_topk(x, k)))
+    old_lp, old_tok, old_lse = (t.cpu().numpy() for t in _ext().tree_build_topk(x, k))
+    tol = Tolerance(rtol=case.lp_rtol, atol=case.lp_atol)
+    for b in range(case.batch):
+        want_lp, want_tok = ref.topk_logprobs(x_np[b], k)
+        _check(top_tok[b], want_tok, f"top_tok[{b}]")
+        _check(top_lp[b], want_lp, f"top_lp[{b}]", tol)
+        m = x_np[b].max(axis=1)
+        _check(lse[b], m + np.log(np.exp(x_np[b] - m[:, None]).sum(axis=1)), f"lse[{b}]", tol)
+    assert np.array_equal(top_tok, old_tok), "register and admission paths chose different tokens"
+    _check(top_lp, old_lp, "top_lp vs the admission path", tol)
 
 
 @gpu
