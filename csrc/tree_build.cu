@@ -4,12 +4,10 @@
 // Design and napkin math: plans/0004-kernels.md "## tree_build".
 #include <algorithm>
 #include <cmath>
-#include <cstdlib>
 
 #include "common.h"
 #include "tree_build.h"
 #include "tree_build_par.h"
-#include "tree_build_reg.h"
 #include "tree_build_vocab.h"
 
 namespace kdb {
@@ -224,52 +222,16 @@ cudaError_t tree_build_heap_launch(const TreeBuildArgs& a, cudaStream_t stream) 
   return launch_pdl(build_kernel, dim3(unsigned(a.batch)), dim3(kBuildThreads), smem, stream, a);
 }
 
-// The register path (vocab::reg) takes split bf16 rows when there are at most this many rows (batch 8 x L 15):
-// above it the admission stream's fewer instructions per logit win (plans/0004 "Round 5").
-constexpr int64_t kRegMaxRows = 128;
-
-// Whether the register path can take these sizes at all: bf16 in 16-byte vectors, ids in kIdBits, k and the
-// merge's keys within its shared memory, every split within kMaxChunks chunks.
-bool reg_fits(const TopkArgs& a, int splits, int cps) {
-  const bool vec = a.dtype == LogitDtype::kBF16 && a.vocab % 8 == 0 && reinterpret_cast<uintptr_t>(a.logits) % 16 == 0;
-  return vec && a.vocab <= (1 << vocab::reg::kIdBits) && a.k <= vocab::reg::kMaxK && splits > 1 &&
-         cps <= vocab::reg::kMaxChunks && splits * a.k <= vocab::kCap;
-}
-
-// Whether the plan takes it: KDB_TB_REG (read at every plan) 0 never, 2 at any row count, else up to kRegMaxRows.
-bool reg_wanted(const TopkArgs& a, int splits, int cps) {
-  const char* knob = std::getenv("KDB_TB_REG");
-  const int mode = knob == nullptr ? 1 : std::atoi(knob);
-  return mode != 0 && (mode == 2 || a.rows <= kRegMaxRows) && reg_fits(a, splits, cps);
-}
-
 cudaError_t tree_build_topk_plan(TopkArgs& a, int forced, int device) {
   int sms = 0;
   KDB_CUDA_TRY(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
   const int nchunks = ceil_div(a.vocab, vocab::kChunk);
-  const int reg_splits = ceil_div(nchunks, vocab::reg::kMaxChunks);
-  a.reg = forced <= 0 && reg_wanted(a, reg_splits, vocab::reg::kMaxChunks) ? 1 : 0;
-  if (a.reg) {  // every split holds kMaxChunks chunks (the last may hold fewer logits)
-    a.chunks_per_split = vocab::reg::kMaxChunks, a.splits = reg_splits;
-    return cudaSuccess;
-  }
   // One wave of 4 blocks per SM; a merge streams splits * k keys, so wide rows split less.
   const int64_t fill = std::max<int64_t>(1, int64_t(sms) * 4 / std::max<int64_t>(a.rows, 1));
   int want = forced > 0 ? forced : int(std::min<int64_t>(fill, std::max(2, 8192 / std::max(a.k, 1))));
   want = std::max(1, std::min(want, nchunks));
   a.chunks_per_split = ceil_div(nchunks, want);
   a.splits = ceil_div(nchunks, a.chunks_per_split);  // every split holds at least one chunk
-  a.reg = forced > 0 && reg_wanted(a, a.splits, a.chunks_per_split) ? 1 : 0;  // the tests' forced splits
-  return cudaSuccess;
-}
-
-cudaError_t launch_topk_reg(const TopkArgs& a, cudaStream_t stream) {
-  int p = 1;
-  while (p < a.k) p <<= 1;
-  const size_t smem = (size_t(a.splits) * a.k + p) * sizeof(uint64_t);  // the merge's keys, then its sorted k
-  KDB_CUDA_TRY(allow_dynamic_smem(vocab::reg::topk_reg_kernel, smem));
-  vocab::reg::topk_reg_kernel<<<unsigned(a.rows * a.splits), vocab::kThreads, smem, stream>>>(a);
-  KDB_LAUNCH_CHECK();
   return cudaSuccess;
 }
 
@@ -302,13 +264,6 @@ cudaError_t tree_build_topk_launch(const TopkArgs& a, cudaStream_t stream) {
       int64_t(a.splits - 1) * a.chunks_per_split * vocab::kChunk >= a.vocab ||
       (a.splits > 1 && (a.part_keys == nullptr || a.part_ms == nullptr)))
     return cudaErrorInvalidValue;
-  if (a.reg) {
-    if (a.arrivals == nullptr || a.part_keys == nullptr || a.part_ms == nullptr ||
-        !reg_fits(a, a.splits, a.chunks_per_split) ||
-        int64_t(a.splits) * a.chunks_per_split < ceil_div(a.vocab, vocab::kChunk))
-      return cudaErrorInvalidValue;
-    return launch_topk_reg(a, stream);
-  }
   const size_t esize = a.dtype == LogitDtype::kF32 ? 4 : 2;
   // 16-byte vectors need every row start aligned: V * esize a multiple of 16 and an aligned base.
   const bool vec = (size_t(a.vocab) * esize) % 16 == 0 && reinterpret_cast<uintptr_t>(a.logits) % 16 == 0;

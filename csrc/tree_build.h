@@ -30,13 +30,9 @@ struct TopkArgs {
   int chunks_per_split = 0;
   uint64_t* part_keys = nullptr;  // [rows, splits, k] work: each split's sorted top keys
   float* part_ms = nullptr;       // [rows, splits, 2] work: each split's (max, sum of exp(x - max))
-  int reg = 0;                    // 1: the one-launch register path (plan sets it; needs arrivals)
-  int* arrivals = nullptr;        // [rows] work, zero on entry: blocks of the row done (reg only)
 };
 // Splits per row for these sizes on `device` (forced > 0: that many, capped at the number of 4096-logit
-// chunks; used by tests); sets chunks_per_split and reg (the one-launch path for split bf16 rows of <= 2 chunks a
-// split; KDB_TB_REG=0 turns it off, 2 takes it at any row count). Call with a.logits set, before launching; the
-// caller allocates the work (arrivals zeroed when reg).
+// chunks; used by tests); sets chunks_per_split. Call before launching; the caller allocates the work.
 cudaError_t tree_build_topk_plan(TopkArgs& a, int forced, int device);
 cudaError_t tree_build_topk_launch(const TopkArgs& a, cudaStream_t stream);
 

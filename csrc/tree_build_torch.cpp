@@ -56,10 +56,6 @@ TopkArgs topk_args(const at::Tensor& logits, int64_t k, at::Tensor& top_lp, at::
     a.part_keys = reinterpret_cast<uint64_t*>(work[0].data_ptr<int64_t>());
     a.part_ms = work[1].data_ptr<float>();
   }
-  if (a.reg) {  // the register path's arrival counters start at zero (a memset on the stream)
-    work.push_back(at::zeros({a.rows}, logits.options().dtype(at::kInt)));
-    a.arrivals = work.back().data_ptr<int32_t>();
-  }
   return a;
 }
 

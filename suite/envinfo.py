@@ -110,10 +110,9 @@ def _torch_info(gpus: list[dict[str, Any]]) -> dict[str, Any]:
     return info
 
 
-# Environment switches the CUDA extension reads on every call (csrc/tree_verify_mla_plan.h, csrc/common.h,
-# csrc/tree_build.cu): a run with one set times other plans or launches than the shipped ones, so the fingerprint
-# records them.
-KERNEL_KNOBS = ("KDB_TVM_TAIL", "KDB_TVM_SPLITS", "KDB_PDL", "KDB_TB_REG")
+# Environment switches the CUDA extension reads on every call (csrc/tree_verify_mla_plan.h, csrc/common.h): a run
+# with one set times other plans or launches than the shipped ones, so the fingerprint records them.
+KERNEL_KNOBS = ("KDB_TVM_TAIL", "KDB_TVM_SPLITS", "KDB_PDL")
 
 
 def kernel_knobs() -> dict[str, str]:

@@ -32,15 +32,5 @@ for dtype in (torch.bfloat16, torch.float32):
         for splits in (1, 3):
             for k in (1024, 64):  # the sampled path; k 64: the unsampled kernel on bf16 vectors (added after call E)
                 cuda_ext.tree_build_topk(logits, k, splits)
-# the register path (csrc/tree_build_reg.h, split bf16 rows, the last block merges; added in s14): V 163840 at k 64
-# and 256, a last split of 8 logits (V 163848), flat logits (ties at every cut), and forced splits of one chunk
-for b, v, budget, flat in ((1, 163840, 64, False), (2, 163848, 256, False), (1, 16384, 65, True), (8, 40960, 16, False)):
-    logits = torch.full((b, 15, v), 1.5, device=dev) if flat else torch.randn(b, 15, v, generator=g, device=dev).mul_(3)
-    logits = logits.bfloat16()
-    budgets = torch.full((b,), budget, dtype=torch.int32, device=dev)
-    roots = torch.arange(b, dtype=torch.int64, device=dev)
-    past = torch.full((b,), 63, dtype=torch.int32, device=dev)
-    cuda_ext.tree_build(logits, budgets, roots, past, budget)
-    cuda_ext.tree_build_topk(logits, budget, -(-v // 4096))
 torch.cuda.synchronize()
 print("sanitize_tree_build: all kernels ran")
