@@ -285,6 +285,21 @@ def test_triton_error_is_no_worse_than_torch_grouped(seed):
 
 @pytest.mark.gpu
 @needs_triton
+@pytest.mark.parametrize("rows,routing,hidden,inter", [
+    (1, "uniform", 256, 128), (33, "skewed", 200, 96), (129, "same", 320, 192), (520, "uniform", 256, 128)])
+def test_liger_peer_matches_the_reference_when_it_runs(rows, routing, hidden, inter):
+    """Liger-Kernel's fused MoE (the Triton peer) against float64, at odd hidden sizes (a K tail) and one-expert-set
+    routing; twice in a row at each size (its autotune cache is cleared when the row count changes)."""
+    why = registry.get("moe_liger").unavailable("cuda")
+    if why:
+        pytest.skip(why)
+    case = _case(rows, routing, "bfloat16", hidden, inter, experts=64)
+    first = _bf16_check("moe_liger", case, 4)
+    assert _bf16_check("moe_liger", case, 4) == first
+
+
+@pytest.mark.gpu
+@needs_triton
 def test_flashinfer_peer_matches_the_reference_when_it_runs():
     why = registry.get("moe_flashinfer").unavailable("cuda")
     if why:

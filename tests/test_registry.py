@@ -47,8 +47,9 @@ def test_family_modules_implement_the_protocol(family):
 def test_roles_and_gating():
     assert registry.names("ours") == ("cuda", "cuda_mma", "cuda_pingpong", "moe_triton")
     assert set(registry.names("peer")) == {"flashinfer_cascade", "flashinfer_prefix", "flashinfer_causal",
-                                           "moe_flashinfer"}
+                                           "moe_flashinfer", "moe_liger"}
     assert gates("kernel", "moe_triton") and not gates("kernel", "moe_grouped") and not gates("kernel", "moe_flashinfer")
+    assert not gates("kernel", "moe_liger")
     assert gates("kernel", "cuda") and gates("e2e", "torch") and gates("acceptance", "cuda")
     assert not gates("kernel", "torch") and not gates("kernel", "flashinfer_cascade")
     assert not gates("kernel", "numpy_ref") and not gates("kernel", "an_old_backend")
@@ -94,6 +95,34 @@ def test_missing_flashinfer_says_how_to_install(monkeypatch):
     from kdbench.backends import flashinfer_mla
     monkeypatch.setitem(sys.modules, "flashinfer", None)   # import flashinfer raises ImportError
     assert "kdbench[peers]" in flashinfer_mla.unavailable_reason()
+
+
+def test_liger_peer_says_why_it_cannot_run(monkeypatch):
+    """Without a GPU, without the package, or at another version: a reason naming the fix, never an import error."""
+    import torch
+    from importlib import metadata
+
+    from kdbench.backends import liger_moe
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert "CUDA GPU" in liger_moe.unavailable_reason()
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+
+    def missing(name):
+        raise metadata.PackageNotFoundError(name)
+    monkeypatch.setattr(metadata, "version", missing)
+    assert "kdbench[peers]" in liger_moe.unavailable_reason()
+    monkeypatch.setattr(metadata, "version", lambda name: "0.7.0")
+    assert "0.7.0" in liger_moe.unavailable_reason() and liger_moe.VERSION in liger_moe.unavailable_reason()
+    assert "liger" in registry.moe_dispatch_modes()
+
+
+def test_liger_gate_up_layout_puts_the_gate_rows_first():
+    import torch
+
+    from kdbench.backends import liger_moe
+    w1, w3 = torch.randn(3, 4, 5), torch.randn(3, 4, 5)
+    got = liger_moe._gate_up(w1, w3)
+    assert got.shape == (3, 8, 5) and torch.equal(got[:, :4], w1) and torch.equal(got[:, 4:], w3)
 
 
 def test_round_orders_alternate():

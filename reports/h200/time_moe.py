@@ -1,6 +1,6 @@
 """The MoE layer of kimi-k2-slice-2 (hidden 7168, 384 experts, top-8, expert width 2048, one shared expert) at
 decode and verify sizes: AR batch 1 / 8 / 32 rows and verify batch 8 x T 65 = 520 rows, per dispatch (moe_triton
-ours, moe_flashinfer peer, moe_grouped, moe_loop) and, where capturable, replayed as a CUDA graph.
+ours, moe_flashinfer and moe_liger peers, moe_grouped, moe_loop) and, where capturable, replayed as a CUDA graph.
 Times the whole layer (route + routed experts + shared expert; for the Triton experts also with the shared expert
 apart, the A/B of its fusion) and the routed experts alone; floor = bytes of the
 touched experts (+ shared expert and gate for the layer) / measured copy bandwidth. Every output is checked
@@ -22,8 +22,8 @@ from kdbench.references.model import GATE_BIAS_STD, weight_shapes
 from kdbench.references.model_config import get_preset
 
 PRESET, ROWS = "kimi-k2-slice-2", (("ar-b1", 1), ("ar-b8", 8), ("ar-b32", 32), ("verify-b8-t65", 520))
-DISPATCH = ("triton", "flashinfer", "grouped", "loop")
-GRAPHABLE = ("triton", "grouped")        # loop syncs with the host (unique / nonzero); flashinfer: not tried
+DISPATCH = ("triton", "flashinfer", "liger", "grouped", "loop")
+GRAPHABLE = ("triton", "grouped")        # loop and liger sync with the host (unique / nonzero; .item()); flashinfer: not tried
 REL_L2 = 1e-2                            # bf16 weights and activations against float64 on the same values
 
 

@@ -83,6 +83,11 @@ def _flashinfer_moe() -> str | None:
     return flashinfer_moe.unavailable_reason()
 
 
+def _liger_moe() -> str | None:
+    from kdbench.backends import liger_moe   # noqa: PLC0415  (imports liger_kernel only when asked)
+    return liger_moe.unavailable_reason()
+
+
 def _flashinfer() -> str | None:
     from kdbench.backends import flashinfer_mla   # noqa: PLC0415  (imports flashinfer only when asked)
     return flashinfer_mla.unavailable_reason()
@@ -128,6 +133,9 @@ ENTRIES = (
             ops=((_MOE_OP, _M + "moe_triton:experts"),)),
     Backend("moe_flashinfer", "peer", _MOE, ("kernel",), "cuda", "", "FlashInfer cutlass_fused_moe (sm90, bf16)",
             _flashinfer_moe, ops=((_MOE_OP, _B + "flashinfer_moe:experts"),)),
+    Backend("moe_liger", "peer", _MOE, ("kernel",), "cuda", "",
+            "Liger-Kernel fused MoE (Triton: gather + grouped GEMM + SwiGLU, down, weighted sum; eager)",
+            _liger_moe, ops=((_MOE_OP, _B + "liger_moe:experts"),)),
 )
 BACKENDS = {b.name: b for b in ENTRIES}
 # Row backends that are not entries: the topology kind's collective microbenchmarks record the library that

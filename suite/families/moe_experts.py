@@ -14,7 +14,7 @@ from kdbench.references import moe as ref
 
 ROUTED_SCALING = 2.827    # Kimi K2's: routing weights sum to this per row
 SKEW = 1.2                # skewed routing: expert e drawn with probability ~ 1 / (e + 1)^SKEW
-HALF_ONLY = ("moe_triton", "moe_flashinfer")
+HALF_ONLY = ("moe_triton", "moe_flashinfer", "moe_liger")
 
 
 def _experts(rng: np.random.Generator, s) -> np.ndarray:
