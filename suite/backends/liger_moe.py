@@ -3,17 +3,23 @@ Triton MoE: routing metadata in three kernels, one kernel that gathers each slot
 GEMM with the SwiGLU fused, a down-projection grouped GEMM, and a weighted gather-sum over k. It is pure Python +
 Triton (BSD-2-Clause), so it travels to the GPU machine as a wheel. Two things set it apart from ours:
 - one host sync per call (`.item()` on the tile count), so it cannot be captured in a CUDA graph: its rows are eager;
-- its autotuner keys on (hidden, width) only, so the config tuned at the first row count would serve every other:
-  the op clears the two GEMM kernels' autotune caches when the row count changes, so each size gets its best config.
+- it runs its one pinned GEMM config (Liger's own switch LIGER_FUSED_MOE_AUTOTUNE=0, set here unless the caller set
+  it): its autotuner compiles 32 configs of each of its two GEMM kernels per (hidden, width), minutes of device time
+  per shape (s14 call B ran out of its limit inside that tuning at kimi-k2's layer). With LIGER_FUSED_MOE_AUTOTUNE=1
+  it tunes; its key is (hidden, width) only, so the op then clears both caches when the row count changes, and each
+  size gets its own best config. A tuned Liger may be faster than the pinned rows report.
 Weights: its gate / up tensor [E, 2 mi, d] (the gate rows first) is made once per weight pair, outside timed calls.
 """
 from __future__ import annotations
 
 import functools
 import importlib
+import os
 from importlib import metadata
 
 import torch
+
+os.environ.setdefault("LIGER_FUSED_MOE_AUTOTUNE", "0")   # read by liger_kernel.ops.fused_moe_kernels at import
 
 VERSION = "0.8.5"
 _MODULE = "liger_kernel.ops.fused_moe"
@@ -46,8 +52,9 @@ _TUNED_ROWS: list[int] = []   # the row count the GEMM kernels' autotune caches 
 
 
 def _retune_for(rows: int, kernels) -> None:
-    """Liger's autotune key is (H, I): clear its two caches when the row count changes (the next call re-tunes)."""
-    if _TUNED_ROWS != [rows]:
+    """Liger's autotune key is (H, I): clear its two caches when the row count changes (the next call re-tunes).
+    Nothing to do with its one pinned config."""
+    if not kernels._AUTOTUNE_DISABLED and _TUNED_ROWS != [rows]:
         for kernel in (kernels._fused_up_proj_swiglu_kernel, kernels._fused_down_proj_kernel):
             kernel.cache.clear()
         _TUNED_ROWS[:] = [rows]

@@ -134,7 +134,7 @@ ENTRIES = (
     Backend("moe_flashinfer", "peer", _MOE, ("kernel",), "cuda", "", "FlashInfer cutlass_fused_moe (sm90, bf16)",
             _flashinfer_moe, ops=((_MOE_OP, _B + "flashinfer_moe:experts"),)),
     Backend("moe_liger", "peer", _MOE, ("kernel",), "cuda", "",
-            "Liger-Kernel fused MoE (Triton: gather + grouped GEMM + SwiGLU, down, weighted sum; eager)",
+            "Liger-Kernel fused MoE (Triton: gather + grouped GEMM + SwiGLU, down, weighted sum; eager, pinned config)",
             _liger_moe, ops=((_MOE_OP, _B + "liger_moe:experts"),)),
 )
 BACKENDS = {b.name: b for b in ENTRIES}
