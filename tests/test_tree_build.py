@@ -61,8 +61,9 @@ CASES = [
     Case(2, 3, 163840, 256, "bfloat16", "rising", 26),        # 20 splits of 2 chunks: each split's bound, the merge's
     Case(1, 15, 163840, 64, "bfloat16", "rising", 27),        # 20 splits too, at k 64
     Case(2, 4, 163840, 256, "float32", "sparse", 28),         # ~164 finite logits per row, ~8 per split block < k
-    # added in s14 (run on the H200 there against round 5's register path, since reverted): ids at 2^18, a last
-    # chunk of 8 logits, every logit equal (ties at every cut: the k smallest ids), -inf rows at k 256, k 1
+    # added in s14 for round 5's register path (reverted; plans/0004 "Round 5"), passed on the H200 in s14 call B on
+    # the admission path: ids at 2^18, a last chunk of 8 logits, every logit equal (ties at every cut: the k smallest
+    # ids), -inf rows at k 256, k 1
     Case(2, 3, 262144, 64, "bfloat16", "rising", 29),
     Case(1, 4, 163848, 64, "bfloat16", "normal", 30),
     Case(2, 5, 10008, 65, "bfloat16", "flat", 31),

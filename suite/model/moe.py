@@ -198,8 +198,8 @@ def moe_forward(w: dict, cfg: ModelConfig, layer: int, x: torch.Tensor, dispatch
     """x [N, d] (ffn-normed) -> routed experts + shared expert, [N, d].
 
     dispatch: "grouped" (torch._grouped_mm; CUDA bf16 or CPU float32), "loop", "triton" (CUDA bf16/fp16),
-    "flashinfer" / "liger" (the peers), or "auto" = triton where it runs, else grouped where that runs, else loop (float64
-    on CPU always loops; resolve_dispatch). invariant_mode: the batch-invariant
+    "flashinfer" / "liger" (the peers), or "auto" = triton where it runs, else grouped where that runs, else loop
+    (float64 on CPU always loops; resolve_dispatch). invariant_mode: the batch-invariant
     router, expert GEMMs and deterministic combine (invariant.py); dispatch is then not used.
     route_log: a list that gets (layer, idx [N, k]) appended (training reads expert loads from it to update
     the router bias). margin_log: a list that gets (layer, selection_margin [N]) appended (the e2e kind's
