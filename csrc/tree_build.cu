@@ -222,13 +222,17 @@ cudaError_t tree_build_heap_launch(const TreeBuildArgs& a, cudaStream_t stream) 
   return launch_pdl(build_kernel, dim3(unsigned(a.batch)), dim3(kBuildThreads), smem, stream, a);
 }
 
+constexpr int64_t kMaxAutoSplits = 8;
+
 cudaError_t tree_build_topk_plan(TopkArgs& a, int forced, int device) {
   int sms = 0;
   KDB_CUDA_TRY(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
   const int nchunks = ceil_div(a.vocab, vocab::kChunk);
-  // One wave of 4 blocks per SM; a merge streams splits * k keys, so wide rows split less.
+  // One wave of 4 blocks per SM; a merge streams splits * k keys, so wide rows split less; at most kMaxAutoSplits
+  // (batch 1: 8 splits of 5 chunks beat 20 of 2 by 8 % at k 16 and 15 % at k 256, tie at k 64; s14 call D).
   const int64_t fill = std::max<int64_t>(1, int64_t(sms) * 4 / std::max<int64_t>(a.rows, 1));
-  int want = forced > 0 ? forced : int(std::min<int64_t>(fill, std::max(2, 8192 / std::max(a.k, 1))));
+  const int64_t by_k = std::max(2, 8192 / std::max(a.k, 1));
+  int want = forced > 0 ? forced : int(std::min<int64_t>({fill, kMaxAutoSplits, by_k}));
   want = std::max(1, std::min(want, nchunks));
   a.chunks_per_split = ceil_div(nchunks, want);
   a.splits = ceil_div(nchunks, a.chunks_per_split);  // every split holds at least one chunk

@@ -58,8 +58,8 @@ CASES = [
     Case(1, 15, 163840, 1024, "bfloat16", "ties", 24),
     Case(8, 15, 100003, 256, "float32", "peaked", 25),        # odd V: scalar loads, 25 chunks over the splits
     # adversarial for the admission bounds (first_bound, merge_bound): later chunks admit whole, or < k finite
-    Case(2, 3, 163840, 256, "bfloat16", "rising", 26),        # 20 splits of 2 chunks: each split's bound, the merge's
-    Case(1, 15, 163840, 64, "bfloat16", "rising", 27),        # 20 splits too, at k 64
+    Case(2, 3, 163840, 256, "bfloat16", "rising", 26),        # 8 splits of 5 chunks: each split's bound, the merge's
+    Case(1, 15, 163840, 64, "bfloat16", "rising", 27),        # 8 splits too, at k 64 (both 20 of 2 before s14)
     Case(2, 4, 163840, 256, "float32", "sparse", 28),         # ~164 finite logits per row, ~8 per split block < k
     # added in s14 for round 5's register path (reverted; plans/0004 "Round 5"), passed on the H200 in s14 call B on
     # the admission path: ids at 2^18, a last chunk of 8 logits, every logit equal (ties at every cut: the k smallest
@@ -156,6 +156,9 @@ SPLIT_CASES = [
     (Case(1, 2, 163840, 1024, "float32", "decoy", 50), (1,)),
     (Case(1, 2, 163848, 512, "bfloat16", "normal", 51), (1,)),
     (Case(1, 2, 163840, 256, "bfloat16", "rising", 52), (1,)),
+    # the plan's split count at batch 1 before s14 (20 splits of 2 chunks; since then 8 of 5), on the same inputs
+    (Case(2, 3, 163840, 256, "bfloat16", "rising", 26), (20,)),
+    (Case(1, 15, 163840, 64, "bfloat16", "rising", 27), (20,)),
 ]
 
 

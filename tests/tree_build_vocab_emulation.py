@@ -14,6 +14,7 @@ COMPACT_AT = CAP - CHUNK                # capacity: prune when more than this ar
 MARK_MIN = 512                          # kMarkShipped: prune already at max(2k, 512) held (prune_mark)
 SAMPLE_MIN_K, SAMPLE_MIN_CHUNKS = 512, 8  # kSampleMinK (launcher), kSampleMinChunks
 H200_SMS = 132
+MAX_AUTO_SPLITS = 8                     # tree_build_topk_plan's kMaxAutoSplits
 U64 = np.uint64
 
 
@@ -209,7 +210,7 @@ def plan(rows: int, vocab: int, k: int, forced: int = 0, sms: int = H200_SMS) ->
     """tree_build_topk_plan: (splits, chunks_per_split)."""
     nchunks = -(-vocab // CHUNK)
     fill = max(1, sms * 4 // max(rows, 1))
-    want = forced if forced > 0 else min(fill, max(2, 8192 // max(k, 1)))
+    want = forced if forced > 0 else min(fill, MAX_AUTO_SPLITS, max(2, 8192 // max(k, 1)))
     cps = -(-nchunks // max(1, min(want, nchunks)))
     return -(-nchunks // cps), cps
 
