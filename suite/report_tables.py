@@ -168,9 +168,10 @@ def best_peers(records: list[Record]) -> dict[tuple, Record]:
 
 
 def speedup(rec: Record, best: dict[tuple, Record]) -> tuple[float, str]:
-    """(baseline median / cuda median, baseline backend) for a timed cuda row; (NaN, '') otherwise."""
+    """(baseline median / ours median, baseline backend) for a timed row of the family's shipped backend
+    (registry.shipped: cuda, or moe_triton for moe_experts); (NaN, '') otherwise."""
     base = best.get(case_key(rec))
-    if rec.backend != "cuda" or base is None or not _timed(rec):
+    if rec.backend != registry.shipped(rec.family) or base is None or not _timed(rec):
         return math.nan, ""
     return base.time_median_s / rec.time_median_s, base.backend
 
@@ -180,12 +181,14 @@ def speedup(rec: Record, best: dict[tuple, Record]) -> tuple[float, str]:
 def kernel_headline(family: str, recs: list[Record], best: dict[tuple, Record],
                     peers: dict[tuple, Record] | None = None) -> dict[str, Any]:
     statuses = Counter(r.status for r in recs)
-    cuda = [r for r in recs if r.backend == "cuda"]
+    ours = registry.shipped(family)
+    cuda = [r for r in recs if r.backend == ours]
     sp = [(v, r.case) for r in cuda for v in [speedup(r, best)[0]] if not missing(v)]
     lowest = min(sp) if sp else (math.nan, "")
     vs_peer = [(v, r.case) for r in cuda for v in [speedup(r, peers or {})[0]] if not missing(v)]
     peer_low = min(vs_peer) if vs_peer else (math.nan, "")
-    return {"family": family, "cases": len({(r.scenario, r.case, r.dtype) for r in recs}), "rows": len(recs),
+    return {"family": family, "ours": ours, "cases": len({(r.scenario, r.case, r.dtype) for r in recs}),
+            "rows": len(recs),
             "pass": statuses["pass"], "bad": statuses["fail"] + statuses["error"],
             "skipped": statuses["skipped"], "cuda_rows": len(cuda),
             "floor_pct": median(r.pct_of_floor_rate for r in cuda if r.status in USABLE),
@@ -297,7 +300,8 @@ def kernel_rows(recs: list[Record], best: dict[tuple, Record],
             out.append(row(r, span=0 if i else len(group), repros=repros if i == 0 else [],
                            gb_per_s=ratio(r.bytes_moved, r.time_median_s) / 1e9,
                            tflop_per_s=ratio(r.flops, r.time_median_s) / 1e12, speedup=value, baseline=base,
-                           speedup_peer=vs_peer, peer=peer, label=registry_label(r.backend)))
+                           speedup_peer=vs_peer, peer=peer, label=registry_label(r.backend),
+                           ours=r.backend == registry.shipped(r.family)))
     return out
 
 

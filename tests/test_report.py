@@ -1,6 +1,7 @@
 """Tests of kdbench.report: renders from a synthetic run directory of every kind, escapes markup in names,
 handles killed runs (torn last line, no 'finished' status), embeds plots as data: URIs, links nothing; the
 summary lists only rows needing attention; headline speedups use the best baseline of the same case."""
+import dataclasses
 import json
 import math
 import re
@@ -12,6 +13,7 @@ import numpy as np
 import pytest
 
 from kdbench import report, report_plots
+from kdbench.backends import registry
 from kdbench import report_tables as tables
 from kdbench.results import Record, RunWriter
 
@@ -206,6 +208,22 @@ def test_speedup_is_the_best_baseline_over_cuda():
     assert h["speedup_min_case"] == "b"
     # % of floor rate = 1e-6 / median: passing cuda rows a (1e-2) and b (5e-3), the failing c is left out
     assert h["floor_pct"] == pytest.approx(7.5e-3)
+
+
+def test_moe_experts_speedups_are_for_its_shipped_backend():
+    """moe_experts' ours is moe_triton (registry.shipped): its rows get the speedups over the best baseline and the
+    best peer, a cuda row of that family (there is none in practice) would not, and a slower ours shows below 1."""
+    def moe(backend, median):
+        return dataclasses.replace(speed_rec("r", backend, median), family="moe_experts")
+    recs = [moe("moe_triton", 4e-4), moe("moe_grouped", 3e-4), moe("moe_loop", 9e-3), moe("moe_liger", 2e-4),
+            moe("cuda", 1e-4)]
+    assert registry.shipped("moe_experts") == "moe_triton" and registry.shipped("tree_build") == "cuda"
+    best, peers = tables.best_baselines(recs), tables.best_peers(recs)
+    assert tables.speedup(recs[0], best) == (pytest.approx(0.75), "moe_grouped")
+    assert tables.speedup(recs[0], peers) == (pytest.approx(0.5), "moe_liger")
+    assert tables.speedup(recs[-1], best) == (pytest.approx(float("nan"), nan_ok=True), "")
+    h = tables.kernel_headline("moe_experts", recs, best, peers)
+    assert h["ours"] == "moe_triton" and h["compared"] == 1 and h["peer_min"] == pytest.approx(0.5)
 
 
 def test_headline_and_speedup_cells_in_the_html(tmp_path):

@@ -179,6 +179,13 @@ def names(role: Role) -> tuple[str, ...]:
     return tuple(b.name for b in ENTRIES if b.role == role)
 
 
+def shipped(family: str) -> str:
+    """The backend a family's headline speedups are ours for: its first role-ours entry in registry order (cuda for
+    the CUDA kernel families, moe_triton for moe_experts; cuda_mma and cuda_pingpong are older paths beside it).
+    'cuda' for a family no ours entry covers (records of an older kdbench)."""
+    return next((b.name for b in ENTRIES if b.role == "ours" and family in b.families), "cuda")
+
+
 def role(name: str) -> str:
     """The role of a backend; '' for a name the registry does not know (records of an older kdbench)."""
     return BACKENDS[name].role if name in BACKENDS else ""
