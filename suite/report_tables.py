@@ -182,16 +182,16 @@ def kernel_headline(family: str, recs: list[Record], best: dict[tuple, Record],
                     peers: dict[tuple, Record] | None = None) -> dict[str, Any]:
     statuses = Counter(r.status for r in recs)
     ours = registry.shipped(family)
-    cuda = [r for r in recs if r.backend == ours]
-    sp = [(v, r.case) for r in cuda for v in [speedup(r, best)[0]] if not missing(v)]
+    mine = [r for r in recs if r.backend == ours]
+    sp = [(v, r.case) for r in mine for v in [speedup(r, best)[0]] if not missing(v)]
     lowest = min(sp) if sp else (math.nan, "")
-    vs_peer = [(v, r.case) for r in cuda for v in [speedup(r, peers or {})[0]] if not missing(v)]
+    vs_peer = [(v, r.case) for r in mine for v in [speedup(r, peers or {})[0]] if not missing(v)]
     peer_low = min(vs_peer) if vs_peer else (math.nan, "")
     return {"family": family, "ours": ours, "cases": len({(r.scenario, r.case, r.dtype) for r in recs}),
             "rows": len(recs),
             "pass": statuses["pass"], "bad": statuses["fail"] + statuses["error"],
-            "skipped": statuses["skipped"], "cuda_rows": len(cuda),
-            "floor_pct": median(r.pct_of_floor_rate for r in cuda if r.status in USABLE),
+            "skipped": statuses["skipped"], "ours_rows": len(mine),
+            "floor_pct": median(r.pct_of_floor_rate for r in mine if r.status in USABLE),
             "speedup_median": median(v for v, _ in sp), "speedup_min": lowest[0],
             "speedup_min_case": lowest[1], "compared": len(sp),
             "peer_median": median(v for v, _ in vs_peer), "peer_min": peer_low[0], "peer_min_case": peer_low[1],

@@ -62,8 +62,8 @@ CASES = [
     Case(1, 15, 163840, 64, "bfloat16", "rising", 27),        # 8 splits too, at k 64 (both 20 of 2 before s14)
     Case(2, 4, 163840, 256, "float32", "sparse", 28),         # ~164 finite logits per row, ~8 per split block < k
     # added in s14 for round 5's register path (reverted; plans/0004 "Round 5"), passed on the H200 in s14 call B on
-    # the admission path: ids at 2^18, a last chunk of 8 logits, every logit equal (ties at every cut: the k smallest
-    # ids), -inf rows at k 256, k 1
+    # the admission path (with the plan's 20 splits then): ids at 2^18, a last chunk of 8 logits, every logit equal
+    # (ties at every cut: the k smallest ids), -inf rows at k 256, k 1
     Case(2, 3, 262144, 64, "bfloat16", "rising", 29),
     Case(1, 4, 163848, 64, "bfloat16", "normal", 30),
     Case(2, 5, 10008, 65, "bfloat16", "flat", 31),
