@@ -269,6 +269,51 @@ def test_gate_logits_on_the_gpu_are_the_float32_matmul_of_the_half_inputs(dtype,
     assert err < 1e-5, err      # tensor-core float32 accumulation: 3e-6 and 4e-6 seen on the H200 (s11 call C)
 
 
+def _bf16_target(batch_invariant: bool, device: str = "cpu") -> Transformer:
+    model = Transformer.from_reference(get_preset("tiny"), 5, batch_invariant=batch_invariant)
+    w = {k: v.to(device=device, dtype=torch.float32 if k.endswith("gate_bias") else torch.bfloat16)
+         for k, v in model.w.items()}
+    return Transformer(model.cfg, w, batch_invariant=batch_invariant)
+
+
+@pytest.mark.parametrize("batch_invariant", [False, True], ids=["default", "invariant"])
+def test_head_logits_of_a_half_model_are_never_rounded_to_bf16(batch_invariant):
+    """plans/0017: the lm_head's float32 accumulation is the logits. Against the float64 product of the same bf16
+    values the error is float32 summation (~1e-7 of the largest), where a bf16 rounding of the logits is ~1e-3;
+    in the batch-invariant mode a row's logits are the same bits in a 1-row and a 9-row call."""
+    model = _bf16_target(batch_invariant)
+    g = torch.Generator().manual_seed(17)
+    h = torch.randn(3, 3, model.cfg.hidden, generator=g).bfloat16()
+    got = model.head(h)
+    hidden = model.ops.rms_norm(h, model.w["norm"], model.cfg.rms_eps)
+    want = hidden.double() @ model.w["lm_head"].double().T
+    err = float((got.double() - want).abs().max() / want.abs().max())
+    rounded = float((got.bfloat16().double() - want).abs().max() / want.abs().max())
+    assert got.dtype == torch.float32 and got.shape == (3, 3, model.cfg.vocab_size)
+    assert err < 1e-5 and rounded > 10 * err, (err, rounded)
+    if batch_invariant:
+        assert torch.equal(model.head(h[:1, :1]), got[:1, :1])
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (the lm_head GEMM writing float32)")
+@pytest.mark.parametrize("batch_invariant", [False, True], ids=["default", "invariant"])
+def test_head_logits_on_the_gpu_are_the_float32_accumulators(batch_invariant):
+    """The same on the GPU: one GEMM of the bf16 inputs writing float32 (the default: torch.mm with out_dtype, no
+    fallback), float32 summation error against float64 (tensor cores: a few 1e-6)."""
+    model = _bf16_target(batch_invariant, "cuda")
+    h = torch.randn(8, 65, model.cfg.hidden, generator=torch.Generator(device="cuda").manual_seed(3),
+                    device="cuda").bfloat16()
+    got = model.head(h)
+    hidden = model.ops.rms_norm(h, model.w["norm"], model.cfg.rms_eps)
+    want = hidden.double() @ model.w["lm_head"].double().T
+    assert got.dtype == torch.float32
+    assert float((got.double() - want).abs().max() / want.abs().max()) < 1e-5
+    if not batch_invariant:
+        h2 = hidden.reshape(-1, hidden.shape[-1])
+        assert torch.equal(got.reshape(h2.shape[0], -1), torch.mm(h2, model.w["lm_head"].T, out_dtype=torch.float32))
+
+
 def test_float64_swiglu_gives_a_row_the_same_bits_among_any_rows():
     """The exact CPU checks (expert parallelism against one process, AR against verify) need each row of an expert
     GEMM to be independent of the call's row count: every row of calls of 1 .. 70 rows and 128 / 300 rows has the

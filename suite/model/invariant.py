@@ -89,14 +89,15 @@ def _dot_cpu(x: torch.Tensor, w: torch.Tensor, cd: torch.dtype) -> torch.Tensor:
     return torch.cat(parts, dim=0) if parts else x.new_zeros((0, H, N), dtype=cd)
 
 
-def linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """x [..., K] @ w[N, K].T -> [..., N] in x's dtype (fp32 accumulation for half inputs)."""
+def linear(x: torch.Tensor, w: torch.Tensor, out_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """x [..., K] @ w[N, K].T -> [..., N] in out_dtype (default x's; fp32 accumulation for half inputs, so
+    out_dtype float32 is the accumulator itself: the lm_head's logits, plans/0017)."""
     lead, K = x.shape[:-1], x.shape[-1]
-    x2 = x.reshape(-1, K)
+    x2, out_dtype = x.reshape(-1, K), out_dtype or x.dtype
     if _cuda(x):
-        y = tk.matmul(x2[:, None, :], w[None], x.dtype)[:, 0]
+        y = tk.matmul(x2[:, None, :], w[None], out_dtype)[:, 0]
     else:
-        y = _dot_cpu(x2[:, None, :], w[None], _cd(x.dtype))[:, 0].to(x.dtype)
+        y = _dot_cpu(x2[:, None, :], w[None], _cd(x.dtype))[:, 0].to(out_dtype)
     return y.reshape(*lead, w.shape[0])
 
 

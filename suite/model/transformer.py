@@ -159,8 +159,21 @@ class Transformer:
         if logit_rows is not None:
             rows = logit_rows.to(torch.int64).view(B, 1, 1).expand(B, 1, hidden.shape[-1])
             hidden = torch.gather(hidden, 1, rows)  # [B, 1, d]
-        logits = self.ops.linear(hidden, self.w["lm_head"])
-        return logits.float() if logits.dtype in HALF else logits
+        return self._lm_head(hidden)
+
+    def _lm_head(self, hidden: torch.Tensor) -> torch.Tensor:
+        """[..., d] -> [..., V] logits. Half inputs: the GEMM's float32 accumulators are the logits, never rounded
+        to bf16 (plans/0017: bf16 puts logits of ~10 on a 0.0625 grid, whose ties a greedy argmax breaks by index);
+        CUDA: one GEMM writing float32 (as moe.gate_logits); CPU: the float32 product of the same half values;
+        batch-invariant mode: its own GEMM with a float32 output. Other dtypes: the plain product."""
+        w = self.w["lm_head"]
+        if hidden.dtype not in HALF:
+            return self.ops.linear(hidden, w)
+        if self.batch_invariant:
+            return invariant.linear(hidden, w, out_dtype=torch.float32)
+        h2 = hidden.reshape(-1, hidden.shape[-1])
+        y = torch.mm(h2, w.T, out_dtype=torch.float32) if h2.is_cuda else h2.float() @ w.float().T
+        return y.reshape(*hidden.shape[:-1], w.shape[0])
 
     def _attention(self, layer, x, positions, cache, past_lens, visible, anc, naive, attn, S) -> torch.Tensor:
         cfg, w = self.cfg, self.w
