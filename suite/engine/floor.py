@@ -116,7 +116,7 @@ def _cost(model, stage: str, layer: int, x: torch.Tensor, batch: int, rows: int,
     R, d = batch * rows, cfg.hidden
     act = 2 * R * d * es
     if stage == "lm_head":
-        logit = es + es + 4 if es == 2 else es   # bf16 written, read by the cast, f32 written
+        logit = 4 if es == 2 else es   # half models: the GEMM writes float32 logits once (plans/0017)
         return dict(bytes=_nbytes(model, ("norm", "lm_head")) + R * d * es + R * cfg.vocab_size * logit,
                     flops=2 * R * cfg.vocab_size * d)
     p = f"layers.{layer}."
