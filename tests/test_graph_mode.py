@@ -61,6 +61,17 @@ def test_capture_reason_on_the_cpu(tiny, policy, backend, match):
     assert why and match in why, why
 
 
+@pytest.mark.parametrize("dispatch,match", [("loop", "unique"), ("liger", ".item()")])
+def test_a_host_syncing_moe_dispatch_is_never_captured(dispatch, match):
+    """The registry's host_sync: a target on the loop or Liger dispatch reads the device from the host in every MoE
+    layer, so capture is refused before it starts, with the reason, on any machine (the e2e arms then run eagerly)."""
+    model = target_from_preset("tiny", 0, dtype=torch.float32)
+    model.moe_dispatch = dispatch
+    why = capture_reason(model, Policy("ar"), "cuda")
+    assert why and dispatch in why and match in why, why
+    assert e2e.arms_mode(model, Policy("ddtree", 8), "cuda") == ("eager", f"ar: {why}")
+
+
 def test_arms_mode_names_the_arm_that_cannot_be_captured(tiny):
     mode, why = e2e.arms_mode(tiny, Policy("ddtree", 8), "cuda")
     assert mode == "eager" and why.startswith("ar: ") and "CUDA" in why      # the AR arm is checked first

@@ -30,6 +30,7 @@ class Backend:
     why_unavailable: Callable[[], str | None] = lambda: None   # beyond the device: a missing build or package
     ops: tuple[tuple[str, str], ...] = ()   # (op, "module:function") where it is not module.<op>
     same_work: bool = True               # False: computes less than the case asks (never "the best peer")
+    host_sync: str = ""                  # why a call reads the device from the host (then no CUDA graph holds it)
 
     def unavailable(self, device: str) -> str | None:
         """Why this backend cannot run on `device` here, or None."""
@@ -126,7 +127,7 @@ ENTRIES = (
             ops=((_VERIFY, _B + "flashinfer_mla:prepare_causal"),)),
     # The routed experts; the model's moe dispatch mode X (model/moe.py) is the entry moe_X.
     Backend("moe_loop", "baseline", _MOE, ("kernel",), "any", "", "torch per-expert loop (host-synchronizing)",
-            ops=((_MOE_OP, _M + "moe:experts_loop"),)),
+            ops=((_MOE_OP, _M + "moe:experts_loop"),), host_sync="its loop reads the touched experts (unique)"),
     Backend("moe_grouped", "baseline", _MOE, ("kernel",), "any", "", "torch._grouped_mm over expert-sorted slots",
             ops=((_MOE_OP, _M + "moe:experts_grouped"),)),
     Backend("moe_triton", "ours", _MOE, ("kernel",), "cuda", "", "kdbench Triton experts, SwiGLU fused", _triton,
@@ -135,7 +136,7 @@ ENTRIES = (
             _flashinfer_moe, ops=((_MOE_OP, _B + "flashinfer_moe:experts"),)),
     Backend("moe_liger", "peer", _MOE, ("kernel",), "cuda", "",
             "Liger-Kernel fused MoE (Triton: gather + grouped GEMM + SwiGLU, down, weighted sum; eager, pinned config)",
-            _liger_moe, ops=((_MOE_OP, _B + "liger_moe:experts"),)),
+            _liger_moe, ops=((_MOE_OP, _B + "liger_moe:experts"),), host_sync="it reads its tile count (.item())"),
 )
 BACKENDS = {b.name: b for b in ENTRIES}
 # Row backends that are not entries: the topology kind's collective microbenchmarks record the library that

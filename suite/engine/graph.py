@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 import torch
 
+from kdbench.backends import registry
 from kdbench.timing import measure, summarize
 
 from . import engine
@@ -168,6 +169,11 @@ def _check_capturable(model, policy: Policy, backend: str, max_new_tokens: int, 
     if policy.kind != "ar" and not device_built(policy.kind, backend):
         raise ValueError(f"capture_step needs a GPU stage backend for {policy.label}, got {backend!r}: the torch "
                          f"tree_build runs a host heap (reads the draft on the host), which a graph cannot capture")
+    dispatch = getattr(model, "moe_dispatch", "auto")
+    sync = registry.get("moe_" + dispatch).host_sync if dispatch != "auto" else ""
+    if sync:
+        raise ValueError(f"the target's MoE dispatch {dispatch!r} cannot be captured in a CUDA graph: {sync} on every "
+                         f"MoE layer")
     if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be an int >= 1, got {max_new_tokens!r}")
     if steps is not None and (not isinstance(steps, int) or steps < 1):
