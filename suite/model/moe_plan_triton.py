@@ -63,9 +63,10 @@ def _plan_kernel(FLAT, ORDER, TOKEN, BLK_E, BLK_R0, BLK_R1, KEYS, SEG0, SEG1, BE
     tl.store(BLK_R1 + b, r1, mask=b < NB)
 
 
-def block_plan(flat: torch.Tensor, n_experts: int, bm: int, k: int) -> tuple[BlockPlan, torch.Tensor]:
+def block_plan(flat: torch.Tensor, n_experts: int, bm: int, k: int,
+               warps: int = 4) -> tuple[BlockPlan, torch.Tensor]:
     """flat [S] expert of each slot, S <= PLAN_MAX_SLOTS -> (moe_plan.block_plan's table, token [S] int32 =
-    order // k), in one launch."""
+    order // k), in one launch of one program of `warps` warps."""
     S, dev = flat.shape[0], flat.device
     nb = max_blocks(S, n_experts, bm)
     s2, e2 = triton.next_power_of_2(max(S, 2)), triton.next_power_of_2(max(n_experts, 2))
@@ -76,5 +77,5 @@ def block_plan(flat: torch.Tensor, n_experts: int, bm: int, k: int) -> tuple[Blo
     keys, seg0, seg1, bend = scratch.split((S, n_experts, n_experts, n_experts))
     _plan_kernel[(1,)](flat.contiguous(), order, token, blk[0], blk[1], blk[2], keys, seg0, seg1, bend, S, n_experts,
                        nb, k, BM=bm, S2=s2, LOG_S2=s2.bit_length() - 1, E2=e2, LOG_E2=e2.bit_length() - 1,
-                       NB2=triton.next_power_of_2(max(nb, 2)), num_warps=4)
+                       NB2=triton.next_power_of_2(max(nb, 2)), num_warps=warps)
     return BlockPlan(order, blk[0], blk[1], blk[2]), token
