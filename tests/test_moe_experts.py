@@ -338,24 +338,29 @@ def test_triton_experts_replay_in_a_cuda_graph_on_new_routing():
 
 @pytest.mark.gpu
 @needs_triton
-@pytest.mark.parametrize("seed", range(8))
-def test_the_one_launch_plan_equals_the_torch_plan_bit_for_bit(seed):
-    """moe_plan_triton.block_plan (decode sizes) against moe_plan.block_plan: hot and empty experts, S up to the
-    one-program limit, BM 1 / 3 / 16 / 32, every tensor equal, and token = order // k."""
-    from kdbench.model import moe_plan_triton
+@pytest.mark.parametrize("seed", range(12))
+def test_the_triton_plans_equal_the_torch_plan_bit_for_bit(seed):
+    """moe_plan_triton's one-program plan (S <= PLAN_MAX_SLOTS) and chunked plan (any S) against moe_plan.block_plan:
+    hot and empty experts, S up to the one-program limit and past it (odd chunk tails), BM 1 / 3 / 16 / 32 / 64,
+    every tensor equal, and token = order // k."""
+    from kdbench.model import moe_plan_triton as mpt
     rng = np.random.default_rng(seed)
-    E, S = int(rng.integers(2, 400)), int(rng.integers(1, moe_plan_triton.PLAN_MAX_SLOTS + 1))
+    E, S = int(rng.integers(2, 400)), int(rng.integers(1, mpt.PLAN_MAX_SLOTS + 1))
     if seed == 0:
-        E, S = 385, moe_plan_triton.PLAN_MAX_SLOTS                # K2's 384 + shared at the slot limit
+        E, S = 385, mpt.PLAN_MAX_SLOTS                           # K2's 384 + shared at the slot limit
     if seed == 1:
-        E, S = moe_plan_triton.PLAN_MAX_EXPERTS, moe_plan_triton.PLAN_MAX_SLOTS   # both limits
-    bm, k = int(rng.choice([1, 3, 16, 32])), int(rng.integers(1, 10))
+        E, S = mpt.PLAN_MAX_EXPERTS, mpt.PLAN_MAX_SLOTS          # both limits
+    if seed >= 8:                                                # past the one-program limit: the chunked plan only
+        E, S = [(385, 4160), (384, 37_441), (mpt.PLAN_MAX_EXPERTS, 9 * mpt.CHUNK), (3, 1025)][seed - 8]
+    bm, k = int(rng.choice([1, 3, 16, 32, 64])), int(rng.integers(1, 10))
     flat = torch.from_numpy(_hot_slots(rng, E, S)).cuda()
     want = moe_plan.block_plan(flat, E, bm)
-    got, token = moe_plan_triton.block_plan(flat, E, bm, k)
-    for name, a, b in zip(want._fields, got, want):
-        assert a.dtype == b.dtype and torch.equal(a, b), (name, seed, E, S, bm)
-    assert token.dtype == torch.int32 and torch.equal(token.long(), want.order // k)
+    plans = [mpt.chunked, mpt.block_plan] + ([mpt.one_program] if S <= mpt.PLAN_MAX_SLOTS else [])
+    for plan in plans:
+        got, token = plan(flat, E, bm, k)
+        for name, a, b in zip(want._fields, got, want):
+            assert a.dtype == b.dtype and torch.equal(a, b), (plan.__name__, name, seed, E, S, bm)
+        assert token.dtype == torch.int32 and torch.equal(token.long(), want.order // k), plan.__name__
 
 
 @pytest.mark.gpu

@@ -1,8 +1,9 @@
 """Where moe_triton loses at the moe_experts scenario's narrow width at 520 rows (s14 call C: 575 us against Liger
 359 us and torch grouped 446 us; hidden 1024, expert width 256, 384 experts, top-8, 4160 slots). Times, in ABBA
-rounds with the L2 flushed, eager: (1) the block plan alone, torch's (what S > PLAN_MAX_SLOTS takes) against the
-one-program Triton plan forced past its limit at 4 / 8 / 16 warps, also as graph replays of 8 calls; (2) the routed
-experts with each launch config of CFG_BY_SLOTS and each plan; (3) Liger and torch grouped, the peers of the row.
+rounds with the L2 flushed, eager: (1) the block plan alone: torch's (what S > 1024 took until s15), the chunked
+Triton plan (three launches, what it takes now) and the one-program Triton plan forced past its limit at 4 / 8 / 16
+warps, also as graph replays of 8 calls; (2) the routed experts with each launch config of CFG_BY_SLOTS and each of
+torch's and the chunked plan; (3) Liger and torch grouped, the peers of the row.
 Every layer output is checked against a float64 evaluation on the device (relative L2), before and after timing;
 every forced Triton plan against the torch plan, tensor for tensor.
 Usage (GPU machine, repo root): python3 reports/h200/moe_narrow_probe.py OUT_DIR [--rows 520 ...]."""
@@ -38,30 +39,36 @@ def inputs(rows: int, seed: int):
     return x, idx, wts, ws
 
 
-def forced(cfg: tuple, triton_plan: bool):
-    """moe_triton.experts with one launch config for every slot count, and the Triton plan up to 8192 slots or not."""
+def torch_plan(flat, n_experts: int, bm: int, k: int):
+    plan = moe_plan.block_plan(flat, n_experts, bm)
+    return plan, (plan.order // k).to(torch.int32)
+
+
+def forced(cfg: tuple, plan):
+    """moe_triton.experts with one launch config for every slot count and the given plan function."""
     def run(x, idx, wts, w1, w2, w3):
-        keep = moe_triton.CFG_BY_SLOTS, moe_plan_triton.PLAN_MAX_SLOTS
-        moe_triton.CFG_BY_SLOTS = ((1 << 62, *cfg),)
-        moe_plan_triton.PLAN_MAX_SLOTS = 8192 if triton_plan else 0
+        keep = moe_triton.CFG_BY_SLOTS, moe_triton._plan
+        moe_triton.CFG_BY_SLOTS, moe_triton._plan = ((1 << 62, *cfg),), plan
         try:
             return moe_triton.experts(x, idx, wts, w1, w2, w3)
         finally:
-            moe_triton.CFG_BY_SLOTS, moe_plan_triton.PLAN_MAX_SLOTS = keep
+            moe_triton.CFG_BY_SLOTS, moe_triton._plan = keep
     return run
 
 
 def plan_rows(rows: int, flat, say) -> list[dict]:
     S, bm, k, recs = flat.numel(), moe_triton.block_rows(flat.numel()), TOPK, []
     want = moe_plan.block_plan(flat, EXPERTS, bm)
-    fns = {"plan_torch": lambda: moe_plan.block_plan(flat, EXPERTS, bm)}
-    for w in WARPS:
-        got, token = moe_plan_triton.block_plan(flat, EXPERTS, bm, k, warps=w)
+    fns = {"plan_torch": lambda: torch_plan(flat, EXPERTS, bm, k)}
+    cands = {"plan_chunked": lambda: moe_plan_triton.chunked(flat, EXPERTS, bm, k)}
+    cands |= {f"plan_one_w{w}": (lambda w=w: moe_plan_triton.one_program(flat, EXPERTS, bm, k, warps=w)) for w in WARPS}
+    for name, fn in cands.items():
+        got, token = fn()
         same = all(torch.equal(a, b) for a, b in zip(got, want)) and torch.equal(token.long(), want.order // k)
-        say(f"rows {rows} S {S}: triton plan at {w} warps equals the torch plan: {same}")
-        recs.append({"rows": rows, "what": f"plan_triton_w{w}_equal", "equal": same})
+        say(f"rows {rows} S {S}: {name} equals the torch plan: {same}")
+        recs.append({"rows": rows, "what": f"{name}_equal", "equal": same})
         if same:
-            fns[f"plan_triton_w{w}"] = (lambda w=w: moe_plan_triton.block_plan(flat, EXPERTS, bm, k, warps=w))
+            fns[name] = fn
     res = timing.rounds({n: timing.Contender(f, "cuda") for n, f in fns.items()}, warmup=3, repeat=24)
     for n, t in res.items():
         graph = timing.graph_replays_s(fns[n], reps=10, inner=8)
@@ -75,7 +82,8 @@ def plan_rows(rows: int, flat, say) -> list[dict]:
 
 def layer_rows(rows: int, x, idx, wts, ws, say) -> list[dict]:
     want = experts64(x, idx, wts, *ws)
-    fns = {f"{c}_{'tplan' if tp else 'torchplan'}": forced(cfg, tp) for c, cfg in CFGS.items() for tp in (False, True)}
+    plans = {"torchplan": torch_plan, "chunked": moe_plan_triton.chunked}
+    fns = {f"{c}_{p}": forced(cfg, plan) for c, cfg in CFGS.items() for p, plan in plans.items()}
     fns["shipped"] = moe_triton.experts
     for d in ("liger", "grouped"):
         try:

@@ -98,8 +98,9 @@ def _down_kernel(H, ORDER, WT, W2, SW2, NE, OUT, BLK_E, BLK_R0, BLK_R1, N, K, sh
 
 
 def _plan(flat: torch.Tensor, n_experts: int, bm: int, k: int):
-    """The block plan and each sorted slot's token (int32): one Triton launch at decode sizes, else torch's."""
-    if flat.shape[0] <= moe_plan_triton.PLAN_MAX_SLOTS and n_experts <= moe_plan_triton.PLAN_MAX_EXPERTS:
+    """The block plan and each sorted slot's token (int32): Triton launches (one up to PLAN_MAX_SLOTS slots, three
+    above), torch's past PLAN_MAX_EXPERTS experts."""
+    if n_experts <= moe_plan_triton.PLAN_MAX_EXPERTS:
         return moe_plan_triton.block_plan(flat, n_experts, bm, k)
     plan = block_plan(flat, n_experts, bm)
     return plan, (plan.order // k).to(torch.int32)
