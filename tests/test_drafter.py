@@ -6,6 +6,8 @@ import numpy as np
 import pytest
 import torch
 
+from kdbench.model import drafter as drafter_mod
+from kdbench.model import mla
 from kdbench.model.drafter import BlockDrafter, DrafterConfig, default_taps
 from kdbench.model.presets import get_preset
 from kdbench.model.synthetic import SyntheticDrafter
@@ -111,3 +113,27 @@ def test_synthetic_past_oracle_end_and_errors():
         SyntheticDrafter([[9]], 8)
     with pytest.raises(ValueError, match="batch"):
         SyntheticDrafter([[1], [2]], 8).reset(3, 16)
+
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs a CUDA GPU (the lm_head GEMM writing float32)")])])
+def test_draft_logits_of_a_half_drafter_are_the_float32_accumulators(device, monkeypatch):
+    """As the target's head (plans/0017): a bf16 drafter's logits are the lm_head GEMM's float32 accumulators
+    (mla.logits_f32), never rounded to bf16, so tree_build's top-k sees no bf16 ties: against the float64 product
+    of the same bf16 final-norm rows the error is float32 summation, far below one bf16 rounding."""
+    model = Transformer.from_reference(get_preset("tiny"), 2)
+    w = {k: v.to(device=device, dtype=torch.float32 if k.endswith("gate_bias") else torch.bfloat16)
+         for k, v in model.w.items()}
+    d = BlockDrafter.random(Transformer(model.cfg, w), seed=3)
+    d.reset(2, 64)
+    d.begin(_taps(1, 2, 6, 2 * model.cfg.hidden).to(device=device, dtype=torch.bfloat16),
+            torch.tensor([6, 4], dtype=torch.int32, device=device))
+    rows = []                                                   # the final-norm rows the head multiplies
+    monkeypatch.setattr(drafter_mod, "logits_f32", lambda h, lm: rows.append(h) or mla.logits_f32(h, lm))
+    got = d.draft(torch.tensor([4, 9], device=device), d.ctx_len, kv_limit=64)
+    want = rows[0].double() @ d.lm_head.double().T
+    err = float((got.double() - want).abs().max() / want.abs().max())
+    rounded = float((got.bfloat16().double() - want).abs().max() / want.abs().max())
+    assert got.dtype == torch.float32 and got.shape == (2, 15, model.cfg.vocab_size)
+    assert err < 1e-5 and rounded > 10 * err, (err, rounded)

@@ -11,7 +11,7 @@ import torch
 
 from kdbench.references.model_config import ModelConfig
 
-from .mla import HALF, compute_dtype, rms_norm, rope_interleaved
+from .mla import HALF, compute_dtype, logits_f32, rms_norm, rope_interleaved
 from .moe import swiglu
 from .transformer import Transformer
 
@@ -183,8 +183,8 @@ class BlockDrafter:
             x = x + self._attend(i, rms_norm(x, self.w[p + "attn_norm"], dc.rms_eps), pos, S, visible)
             h = rms_norm(x, self.w[p + "ffn_norm"], dc.rms_eps)
             x = x + swiglu(h, self.w[p + "mlp.w1"], self.w[p + "mlp.w2"], self.w[p + "mlp.w3"])
-        logits = rms_norm(x[:, 1:], self.w["norm"], dc.rms_eps) @ self.lm_head.T  # [B, L, V]
-        return logits.float() if logits.dtype in HALF else logits
+        h = rms_norm(x[:, 1:], self.w["norm"], dc.rms_eps)                         # [B, L, d]
+        return logits_f32(h, self.lm_head) if h.dtype in HALF else h @ self.lm_head.T   # [B, L, V], as the target's
 
     def _attend(self, layer: int, h: torch.Tensor, pos: torch.Tensor, S: int, visible: torch.Tensor) -> torch.Tensor:
         dc, p = self.dc, f"layers.{layer}."

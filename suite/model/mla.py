@@ -30,6 +30,15 @@ def compute_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float32 if dtype in HALF else dtype
 
 
+def logits_f32(hidden: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """Half hidden [..., d] x lm_head w [V, d] -> float32 logits [..., V]: the GEMM's float32 accumulators, never
+    rounded to half (plans/0017: bf16 puts logits of ~10 on a 0.0625 grid, whose ties an argmax or a top-k breaks by
+    index). CUDA: one GEMM writing float32; CPU: the float32 product of the same half values."""
+    h2 = hidden.reshape(-1, hidden.shape[-1])
+    y = torch.mm(h2, w.T, out_dtype=torch.float32) if h2.is_cuda else h2.float() @ w.float().T
+    return y.reshape(*hidden.shape[:-1], w.shape[0])
+
+
 def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
     """x / rms(x) * w over the last axis, in compute_dtype, returned in x's dtype. Half-precision CUDA tensors
     outside autograd take one Triton launch per call (invariant_triton.rms_norm: the same float32 formula, one

@@ -17,7 +17,8 @@ from kdbench.references.model_config import ModelConfig
 
 from . import invariant
 from .mla import (DEFAULT_OPS, HALF, attention_absorbed, attention_cuda, attention_cuda_absorbed, attention_naive,
-                  fused_absorb_runs, inv_freq, invariant_ops, mla_project, split_wkv_b, visible_mask, write_rows)
+                  fused_absorb_runs, inv_freq, invariant_ops, logits_f32, mla_project, split_wkv_b, visible_mask,
+                  write_rows)
 from .moe import DISPATCH_MODES, moe_forward, swiglu
 from .weights import check_weights, from_numpy, init_weights
 
@@ -162,18 +163,14 @@ class Transformer:
         return self._lm_head(hidden)
 
     def _lm_head(self, hidden: torch.Tensor) -> torch.Tensor:
-        """[..., d] -> [..., V] logits. Half inputs: the GEMM's float32 accumulators are the logits, never rounded
-        to bf16 (plans/0017: bf16 puts logits of ~10 on a 0.0625 grid, whose ties a greedy argmax breaks by index);
-        CUDA: one GEMM writing float32 (as moe.gate_logits); CPU: the float32 product of the same half values;
-        batch-invariant mode: its own GEMM with a float32 output. Other dtypes: the plain product."""
+        """[..., d] -> [..., V] logits. Half inputs: float32 logits, never rounded to bf16 (mla.logits_f32; the
+        batch-invariant mode: its own GEMM with a float32 output). Other dtypes: the plain product."""
         w = self.w["lm_head"]
         if hidden.dtype not in HALF:
             return self.ops.linear(hidden, w)
         if self.batch_invariant:
             return invariant.linear(hidden, w, out_dtype=torch.float32)
-        h2 = hidden.reshape(-1, hidden.shape[-1])
-        y = torch.mm(h2, w.T, out_dtype=torch.float32) if h2.is_cuda else h2.float() @ w.float().T
-        return y.reshape(*hidden.shape[:-1], w.shape[0])
+        return logits_f32(hidden, w)
 
     def _attention(self, layer, x, positions, cache, past_lens, visible, anc, naive, attn, S) -> torch.Tensor:
         cfg, w = self.cfg, self.w
