@@ -47,12 +47,12 @@ def torch_plan(flat, n_experts: int, bm: int, k: int):
 def forced(cfg: tuple, plan):
     """moe_triton.experts with one launch config for every slot count and the given plan function."""
     def run(x, idx, wts, w1, w2, w3):
-        keep = moe_triton.CFG_BY_SLOTS, moe_triton._plan
-        moe_triton.CFG_BY_SLOTS, moe_triton._plan = ((1 << 62, *cfg),), plan
+        keep = moe_triton.CFG_BY_SLOTS, moe_plan_triton.block_plan
+        moe_triton.CFG_BY_SLOTS, moe_plan_triton.block_plan = ((1 << 62, *cfg),), plan
         try:
             return moe_triton.experts(x, idx, wts, w1, w2, w3)
         finally:
-            moe_triton.CFG_BY_SLOTS, moe_triton._plan = keep
+            moe_triton.CFG_BY_SLOTS, moe_plan_triton.block_plan = keep
     return run
 
 

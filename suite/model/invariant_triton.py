@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from .moe_plan import block_plan
+from . import moe_plan_triton
 from .triton_base import AVAILABLE, IMPORT_ERROR, plan_block, tl, triton  # noqa: F401 (re-exported)
 from .triton_base import jit as _jit
 
@@ -129,9 +129,8 @@ def grouped_swiglu(x: torch.Tensor, idx: torch.Tensor, w1, w2, w3) -> torch.Tens
     if x.dtype not in (torch.bfloat16, torch.float16) or not (w1.is_contiguous() and w2.is_contiguous()):
         raise ValueError(f"invariant experts: need contiguous bf16/fp16 weights, got {x.dtype}")
     flat = idx.reshape(-1)
-    meta = block_plan(flat, w1.shape[0], GROUPED_CFG[0])   # (order, blk_e, r0, r1), no host sync
+    meta, token = moe_plan_triton.block_plan(flat, w1.shape[0], GROUPED_CFG[0], k)   # token: x row of a sorted slot
     order = meta[0]
-    token = (order // k).to(torch.int32)                                  # x row of each sorted slot
     h = _grouped(x.contiguous(), token, w1, w3, meta, True)              # [S, mi] sorted order
     ident = torch.arange(order.shape[0], dtype=torch.int32, device=x.device)
     out = _grouped(h, ident, w2, w2, meta, False)                        # [S, d] sorted order

@@ -1,7 +1,7 @@
 """Device-side dispatch plan of the routed experts (no host sync, so it can sit in a CUDA graph): (token, k)
 slots sorted by expert, each expert's segment cut into row blocks of bm slots. The Triton kernels of
-moe_triton.py and invariant_triton.py walk this table (moe_triton builds the same tensors with moe_plan_triton's
-Triton launches); emulate() walks it in torch for CPU tests.
+moe_triton.py and invariant_triton.py walk this table (both build the same tensors with moe_plan_triton's Triton
+launches); emulate() walks it in torch for CPU tests.
 with_shared() turns the shared expert into one more slot per token (expert index E, weight 1), so the same
 launches run it beside the routed experts (plans/0015, "The shared expert in the expert launches").
 """

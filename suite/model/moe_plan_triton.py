@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 
 from .moe_plan import BlockPlan, max_blocks
+from .moe_plan import block_plan as torch_block_plan
 from .triton_base import tl, triton
 from .triton_base import jit as _jit
 
@@ -126,8 +127,11 @@ def _place_kernel(FLAT, RANK, CNT, START, ORDER, TOKEN, S, E, k, CH: tl.constexp
 
 
 def block_plan(flat: torch.Tensor, n_experts: int, bm: int, k: int) -> tuple[BlockPlan, torch.Tensor]:
-    """flat [S] expert of each slot, n_experts <= PLAN_MAX_EXPERTS -> (moe_plan.block_plan's table, token [S] int32 =
-    order // k): one launch up to PLAN_MAX_SLOTS slots, else three."""
+    """flat [S] expert of each slot -> (moe_plan.block_plan's table, token [S] int32 = order // k): one Triton launch
+    up to PLAN_MAX_SLOTS slots, three above; torch's plan past PLAN_MAX_EXPERTS experts."""
+    if n_experts > PLAN_MAX_EXPERTS:
+        plan = torch_block_plan(flat, n_experts, bm)
+        return plan, (plan.order // k).to(torch.int32)
     return (one_program if flat.shape[0] <= PLAN_MAX_SLOTS else chunked)(flat, n_experts, bm, k)
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 
 from . import moe_plan_triton
-from .moe_plan import block_plan, shared_fits, with_shared
+from .moe_plan import shared_fits, with_shared
 from .triton_base import AVAILABLE, IMPORT_ERROR, plan_block, tl, triton  # noqa: F401 (re-exported)
 from .triton_base import jit as _jit
 
@@ -97,15 +97,6 @@ def _down_kernel(H, ORDER, WT, W2, SW2, NE, OUT, BLK_E, BLK_R0, BLK_R1, N, K, sh
     tl.store(OUT + slot[:, None] * som + rn[None, :], acc * wt[:, None], mask=rmask[:, None] & nmask)
 
 
-def _plan(flat: torch.Tensor, n_experts: int, bm: int, k: int):
-    """The block plan and each sorted slot's token (int32): Triton launches (one up to PLAN_MAX_SLOTS slots, three
-    above), torch's past PLAN_MAX_EXPERTS experts."""
-    if n_experts <= moe_plan_triton.PLAN_MAX_EXPERTS:
-        return moe_plan_triton.block_plan(flat, n_experts, bm, k)
-    plan = block_plan(flat, n_experts, bm)
-    return plan, (plan.order // k).to(torch.int32)
-
-
 def launch_cfg(slots: int) -> tuple[int, int, int]:
     """(BM, up BN, down BN) for a launch of `slots` (token, k) slots: a function of the shape only (graph capture)."""
     return next(cfg for limit, *cfg in CFG_BY_SLOTS if slots <= limit)
@@ -143,7 +134,7 @@ def experts(x: torch.Tensor, idx: torch.Tensor, weights: torch.Tensor, w1, w2, w
     x = x.contiguous()
     S = N * k
     bm, up_bn, down_bn = launch_cfg(S)
-    plan, token = _plan(idx.reshape(-1), E + (shared is not None), bm, k)
+    plan, token = moe_plan_triton.block_plan(idx.reshape(-1), E + (shared is not None), bm, k)
     h = torch.empty(S, mi, dtype=x.dtype, device=x.device)              # sorted order
     _up_kernel[(plan.blk_e.shape[0], triton.cdiv(mi, up_bn))](
         x, token, w1, w3, sw1, sw3, E, h, plan.blk_e, plan.blk_r0, plan.blk_r1, mi, d, x.stride(0), w1.stride(0),
