@@ -6,7 +6,7 @@ warps, also as graph replays of 8 calls; (2) the routed experts with each launch
 torch's and the chunked plan; (3) Liger and torch grouped, the peers of the row.
 Every layer output is checked against a float64 evaluation on the device (relative L2), before and after timing;
 every forced Triton plan against the torch plan, tensor for tensor.
-Usage (GPU machine, repo root): python3 reports/h200/moe_narrow_probe.py OUT_DIR [--rows 520 ...]."""
+Usage (GPU machine, repo root): python3 reports/h200/moe_narrow_probe.py OUT_DIR [--rows 520 ...] [--plans-only]."""
 from __future__ import annotations
 
 import argparse
@@ -106,18 +106,22 @@ def layer_rows(rows: int, x, idx, wts, ws, say) -> list[dict]:
     return recs
 
 
-def main(out: str, rows_list: list[int]) -> None:
+def main(out: str, rows_list: list[int], plans_only: bool) -> None:
     recs, say = [], lambda line: print(line, flush=True)    # noqa: E731
+    name = "moe_plan_grid.json" if plans_only else "moe_narrow_probe.json"
     for rows in rows_list:
         x, idx, wts, ws = inputs(rows, 1515 + rows)
         recs += plan_rows(rows, idx.reshape(-1), say)
-        recs += layer_rows(rows, x, idx, wts, ws, say)
-        Path(out, "moe_narrow_probe.json").write_text(json.dumps({"rows": recs}, indent=1))
+        if not plans_only:
+            recs += layer_rows(rows, x, idx, wts, ws, say)
+        Path(out, name).write_text(json.dumps({"rows": recs}, indent=1))
 
 
 if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("out")
     ap.add_argument("--rows", type=int, nargs="+", default=[520, 129])
+    ap.add_argument("--plans-only", action="store_true", help="the plans alone (where one program and the chunked "
+                    "plan cross), no layer rows")
     a = ap.parse_args()
-    main(a.out, a.rows)
+    main(a.out, a.rows, a.plans_only)
