@@ -115,7 +115,6 @@ def test_synthetic_past_oracle_end_and_errors():
         SyntheticDrafter([[1], [2]], 8).reset(3, 16)
 
 
-
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(
     not torch.cuda.is_available(), reason="needs a CUDA GPU (the lm_head GEMM writing float32)")])])
 def test_draft_logits_of_a_half_drafter_are_the_float32_accumulators(device, monkeypatch):

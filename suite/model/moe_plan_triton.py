@@ -82,7 +82,8 @@ def _table(s0, s1, SEG0, SEG1, BEND, BLK_E, BLK_R0, BLK_R1, E, NB, BM: tl.conste
 
 @_jit()
 def _count_kernel(FLAT, CNT, RANK, S, E, CH: tl.constexpr, E2: tl.constexpr):
-    """Chunk pid: CNT[pid, e] = its slots of expert e; RANK[slot] = its earlier slots of the slot's expert."""
+    """Chunk pid: CNT[pid, e] = how many of its slots go to expert e; RANK[slot] = how many of the chunk's earlier
+    slots go to the slot's expert."""
     c = tl.program_id(0)
     i = tl.arange(0, CH)
     slot = c * CH + i
@@ -120,8 +121,8 @@ def _place_kernel(FLAT, RANK, CNT, START, ORDER, TOKEN, S, E, k, CH: tl.constexp
     slot = c * CH + tl.arange(0, CH)
     live = slot < S
     e = tl.load(FLAT + slot, mask=live, other=0).to(tl.int32)
-    pos = tl.load(START + e, mask=live, other=0) + tl.load(CNT + c * E + e, mask=live, other=0) + \
-        tl.load(RANK + slot, mask=live, other=0)
+    pos = (tl.load(START + e, mask=live, other=0) + tl.load(CNT + c * E + e, mask=live, other=0)
+           + tl.load(RANK + slot, mask=live, other=0))
     tl.store(ORDER + pos, slot.to(tl.int64), mask=live)
     tl.store(TOKEN + pos, slot // k, mask=live)
 
