@@ -39,11 +39,6 @@ def inputs(rows: int, seed: int):
     return x, idx, wts, ws
 
 
-def torch_plan(flat, n_experts: int, bm: int, k: int):
-    plan = moe_plan.block_plan(flat, n_experts, bm)
-    return plan, (plan.order // k).to(torch.int32)
-
-
 def forced(cfg: tuple, plan):
     """moe_triton.experts with one launch config for every slot count and the given plan function."""
     def run(x, idx, wts, w1, w2, w3):
@@ -59,7 +54,7 @@ def forced(cfg: tuple, plan):
 def plan_rows(rows: int, flat, say) -> list[dict]:
     S, bm, k, recs = flat.numel(), moe_triton.block_rows(flat.numel()), TOPK, []
     want = moe_plan.block_plan(flat, EXPERTS, bm)
-    fns = {"plan_torch": lambda: torch_plan(flat, EXPERTS, bm, k)}
+    fns = {"plan_torch": lambda: moe_plan_triton.torch_plan(flat, EXPERTS, bm, k)}
     cands = {"plan_chunked": lambda: moe_plan_triton.chunked(flat, EXPERTS, bm, k)}
     cands |= {f"plan_one_w{w}": (lambda w=w: moe_plan_triton.one_program(flat, EXPERTS, bm, k, warps=w)) for w in WARPS}
     for name, fn in cands.items():
@@ -82,7 +77,7 @@ def plan_rows(rows: int, flat, say) -> list[dict]:
 
 def layer_rows(rows: int, x, idx, wts, ws, say) -> list[dict]:
     want = experts64(x, idx, wts, *ws)
-    plans = {"torchplan": torch_plan, "chunked": moe_plan_triton.chunked}
+    plans = {"torchplan": moe_plan_triton.torch_plan, "chunked": moe_plan_triton.chunked}
     fns = {f"{c}_{p}": forced(cfg, plan) for c, cfg in CFGS.items() for p, plan in plans.items()}
     fns["shipped"] = moe_triton.experts
     for d in ("liger", "grouped"):

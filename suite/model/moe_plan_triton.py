@@ -131,9 +131,14 @@ def block_plan(flat: torch.Tensor, n_experts: int, bm: int, k: int) -> tuple[Blo
     """flat [S] expert of each slot -> (moe_plan.block_plan's table, token [S] int32 = order // k): one Triton launch
     up to PLAN_MAX_SLOTS slots, three above; torch's plan past PLAN_MAX_EXPERTS experts."""
     if n_experts > PLAN_MAX_EXPERTS:
-        plan = torch_block_plan(flat, n_experts, bm)
-        return plan, (plan.order // k).to(torch.int32)
+        return torch_plan(flat, n_experts, bm, k)
     return (one_program if flat.shape[0] <= PLAN_MAX_SLOTS else chunked)(flat, n_experts, bm, k)
+
+
+def torch_plan(flat: torch.Tensor, n_experts: int, bm: int, k: int) -> tuple[BlockPlan, torch.Tensor]:
+    """moe_plan.block_plan (torch ops, ~a dozen small launches) in the Triton plans' form: (table, token int32)."""
+    plan = torch_block_plan(flat, n_experts, bm)
+    return plan, (plan.order // k).to(torch.int32)
 
 
 def _outputs(S: int, nb: int, dev) -> tuple:
