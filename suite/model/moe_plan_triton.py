@@ -152,10 +152,10 @@ def _pow2(n: int) -> int:
 
 
 def one_program(flat: torch.Tensor, n_experts: int, bm: int, k: int,
-                warps: int = 4) -> tuple[BlockPlan, torch.Tensor]:
+                warps: int = 8) -> tuple[BlockPlan, torch.Tensor]:
     """block_plan in one launch of one program of `warps` warps (it sorts next_pow2(S) keys in registers). 8 warps
-    read 0.7-3.8 us faster from 64 to 1024 slots on the H200 (plans/0015 "Session 15"); 4 stays the default until
-    the GPU tests have run at 8 (reports/h200/2026-12-02-s15/call_c.steps)."""
+    read 0.7-3.8 us faster than 4 from 64 to 1024 slots on the H200, 0.2 us slower at 8 (plans/0015 "Session 15");
+    the MoE and batch-invariant GPU tests ran at 8 in session 16 (plans/0015 "Session 16")."""
     S, dev = flat.shape[0], flat.device
     nb = max_blocks(S, n_experts, bm)
     s2, e2 = _pow2(S), _pow2(n_experts)
