@@ -51,25 +51,6 @@ inline cudaError_t allow_dynamic_smem(Kernel kernel, size_t bytes) {
   return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes));
 }
 
-// An L2 prefetch hint for bytes [p, p + bytes) (cp.async.bulk.prefetch, sm_90+; a no-op below): p and bytes
-// 16-byte aligned and inside one allocation. Nothing waits for it and nothing it does changes a result, so a kernel
-// can start its DRAM reads several steps ahead of the loads it waits on without registers or shared memory.
-__device__ __forceinline__ void prefetch_l2(const void* p, uint32_t bytes) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(bytes) : "memory");
-#endif
-}
-
-// A non-negative integer knob from the environment (read at every launch, so a bench can A/B it in one process),
-// or fallback when unset or not a number in [0, max].
-inline int env_knob(const char* name, int fallback, int max) {
-  const char* v = std::getenv(name);
-  if (v == nullptr || *v == '\0') return fallback;
-  char* end = nullptr;
-  const long n = std::strtol(v, &end, 10);
-  return *end == '\0' && n >= 0 && n <= max ? static_cast<int>(n) : fallback;
-}
-
 // Programmatic dependent launch (PDL, sm_90+): a kernel launched by launch_pdl may start while the previous
 // kernel of the stream is still running (that kernel lets it with pdl_launch_dependents, or by exiting), so its
 // launch and prologue overlap the other's tail. It must call pdl_wait() before it reads anything the previous

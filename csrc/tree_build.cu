@@ -224,10 +224,6 @@ cudaError_t tree_build_heap_launch(const TreeBuildArgs& a, cudaStream_t stream) 
 
 constexpr int64_t kMaxAutoSplits = 8;
 
-// Vector chunks requested from L2 ahead of the stream's register loads; KDB_TB_PREFETCH=n overrides it (the A/B
-// knob of reports/h200/tb_prefetch_sweep.py, plans/0004 "Session 16").
-constexpr int kPrefetchChunks = 0;
-
 cudaError_t tree_build_topk_plan(TopkArgs& a, int forced, int device) {
   int sms = 0;
   KDB_CUDA_TRY(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
@@ -240,7 +236,6 @@ cudaError_t tree_build_topk_plan(TopkArgs& a, int forced, int device) {
   want = std::max(1, std::min(want, nchunks));
   a.chunks_per_split = ceil_div(nchunks, want);
   a.splits = ceil_div(nchunks, a.chunks_per_split);  // every split holds at least one chunk
-  a.prefetch = env_knob("KDB_TB_PREFETCH", kPrefetchChunks, 64);
   return cudaSuccess;
 }
 

@@ -30,7 +30,6 @@ struct TopkArgs {
   int chunks_per_split = 0;
   uint64_t* part_keys = nullptr;  // [rows, splits, k] work: each split's sorted top keys
   float* part_ms = nullptr;       // [rows, splits, 2] work: each split's (max, sum of exp(x - max))
-  int prefetch = 0;  // vector chunks the stream prefetches into L2 ahead of its register loads (0: none); the plan sets it
 };
 // Splits per row for these sizes on `device` (forced > 0: that many, capped at the number of 4096-logit
 // chunks; used by tests); sets chunks_per_split. Call before launching; the caller allocates the work.

@@ -215,31 +215,19 @@ __device__ __forceinline__ void write_row(const uint64_t* keys, float m, float s
   if (a.lse != nullptr && threadIdx.x == 0) a.lse[r] = lse;
 }
 
-// Thread 0 asks L2 for vector chunk c (c < cv: whole and 16-byte aligned, as the vector loads need).
-template <typename T>
-__device__ __forceinline__ void prefetch_chunk(const T* row, int c, int cv) {
-  if (threadIdx.x == 0 && c < cv) prefetch_l2(row + int64_t(c) * kChunk, uint32_t(kChunk * sizeof(T)));
-}
-
-// Chunks [c0, c1) of the row through s: vector chunks [c0, cv) with one chunk in flight in registers and pf more
-// requested from L2 ahead of it (chunk c + 1 + pf when chunk c + 1 is loaded), then scalar ones.
+// Chunks [c0, c1) of the row through s: vector chunks [c0, cv) with one chunk in flight, then scalar ones.
 template <typename T, int VW, class S>
-__device__ __forceinline__ void stream_chunks(S& s, const T* row, int V, int c0, int cv, int c1, int pf) {
-  for (int d = 1; d <= pf; ++d) prefetch_chunk(row, c0 + d, cv);
+__device__ __forceinline__ void stream_chunks(S& s, const T* row, int V, int c0, int cv, int c1) {
   if constexpr (sizeof(T) == 2) {
     // bf16 chunks are 32 B per thread: one chunk ahead keeps ~64 B per thread in flight (fp32 has it without,
     // and a second buffer would spill; cp.async stages in shared memory were slower, plans/0004).
     Raw<T, VW> p, q;
     if (c0 < cv) p.load(row, c0);
     int c = c0;
-    for (; c + 1 < cv; c += 2) {
-      if (pf > 0) prefetch_chunk(row, c + 1 + pf, cv), prefetch_chunk(row, c + 2 + pf, cv);
-      vec_step(s, p, q, row, c, cv), vec_step(s, q, p, row, c + 1, cv);
-    }
+    for (; c + 1 < cv; c += 2) vec_step(s, p, q, row, c, cv), vec_step(s, q, p, row, c + 1, cv);
     if (c < cv) vec_step(s, p, q, row, c, cv);
   } else {
     for (int c = c0; c < cv; ++c) {
-      if (pf > 0) prefetch_chunk(row, c + 1 + pf, cv);
       Raw<T, VW> p;
       float x[kPer];
       p.load(row, c);
@@ -291,11 +279,11 @@ __device__ __forceinline__ float sample_estimate(const T* row, int c0, int cv, i
 // stream does not cost the first one registers (inlined twice, the chunk buffers went to local memory).
 template <typename T, int VW, int kAdmit, int kMarkMin>
 __device__ __noinline__ LseState stream_exact(uint64_t* keys, TopkSmem& sm, int k, const T* row, int V, int c0,
-                                              int cv, int c1, int pf) {
+                                              int cv, int c1) {
   if (threadIdx.x == 0) sm.count = 0;
   __syncthreads();
   Stream<kAdmit, kMarkMin> s{keys, sm, k};
-  stream_chunks<T, VW>(s, row, V, c0, cv, c1, pf);
+  stream_chunks<T, VW>(s, row, V, c0, cv, c1);
   return s.st;
 }
 
@@ -322,13 +310,13 @@ __global__ void __launch_bounds__(kThreads, 4) topk_kernel(TopkArgs a) {
     if (cv - c0 >= kSampleMinChunks) est = sample_estimate<T, VW>(row, c0, cv, k, keys, sm);
   }
   Stream<kAdmit, kMarkMin> s{keys, sm, k, est};
-  stream_chunks<T, VW>(s, row, V, c0, cv, c1, a.prefetch);
+  stream_chunks<T, VW>(s, row, V, c0, cv, c1);
   LseState st = s.st;
   if (est > -INFINITY) {  // block-uniform
     __syncthreads();
     const bool redo = sm.count < k;  // fewer than k logits were >= est: est was above the k-th
     __syncthreads();
-    if (redo) st = stream_exact<T, VW, kAdmit, kMarkMin>(keys, sm, k, row, V, c0, cv, c1, a.prefetch);
+    if (redo) st = stream_exact<T, VW, kAdmit, kMarkMin>(keys, sm, k, row, V, c0, cv, c1);
   }
   finish_sorted(keys, k, sm);
   const float2 ms = block_ms(st, sm);

@@ -289,12 +289,8 @@ cudaError_t encode_rows_map(CUtensorMap* map, const __nv_bfloat16* base, int bat
   return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
 }
 
-// KV tiles the seesaw asks L2 for ahead of its two-stage ring; KDB_TVM_PREFETCH=n overrides it (the A/B knob of
-// reports/h200/tvm_prefetch_ab.py, plans/0004 "Session 16").
-constexpr int kSsPrefetchTiles = 0;
-
 cudaError_t launch_seesaw(const Params& p, dim3 grid, bool split, cudaStream_t stream) {
-  SeesawParams sp{p, {}, {}, env_knob("KDB_TVM_PREFETCH", kSsPrefetchTiles, 16)};
+  SeesawParams sp{p, {}, {}};
   KDB_CUDA_TRY(encode_rows_map(&sp.kv_map, p.kv, p.batch, p.cache_len, kTvmDimQK));
   const bool tail = p.tail_pieces > 0;
   if (tail || !split)  // the uniform split's kernel writes partials only: its launch skips the O map

@@ -21,14 +21,10 @@ struct SsCtx {  // what both warpgroups' pair steps read
   uint8_t* smem;
   uint32_t s_base;
   int b, past, kv_end, t_begin, n;
-  int prefetch;  // tiles ahead of the ring this CTA asks L2 for (0: none, or not the unit's M-tile 0)
   Role w;
   int row[2];                  // the thread's two rows within the M-tile
   const uint64_t* anc_row[2];  // their anc words (null past the request)
   __device__ __forceinline__ SsTile tile(int i) const { return ss_tile(s_base, t_begin, i, kv_end, sp.p.cache_len); }
-  __device__ __forceinline__ void prefetch_tile(int i) const {  // local tile i, if the split has it
-    if (i < n) ss_prefetch(sp, b, t_begin + i);
-  }
 };
 
 // S of tile i into s, in column-block order [J0, 9) then [0, J0); waited.
@@ -93,10 +89,7 @@ __device__ __forceinline__ void ss_pair_wg0(const SsCtx& x, int i, float (&s)[8]
   tvm_mark(i, kSsB);  // own PV issued
   wgmma_wait<0>();
   pp_fence_regs(acc, pa);
-  if (i + 2 < x.n && loader) {
-    ss_load(x.sp, x.tile(i + 2), x.b, 0, 4);
-    if (x.prefetch > 0) x.prefetch_tile(i + 2 + x.prefetch), x.prefetch_tile(i + 3 + x.prefetch);
-  }
+  if (i + 2 < x.n && loader) ss_load(x.sp, x.tile(i + 2), x.b, 0, 4);
   tvm_mark(i, kSsC);  // own PV done, refill issued
   named_sync(kSsBarM1, 2 * 128);  // m1 in max[1], P_{i+1} in smem
   tvm_mark(i, kSsD);
@@ -199,8 +192,6 @@ __global__ void __launch_bounds__(kThreads, 1) tree_verify_mla_seesaw_kernel(con
     for (int j = 0; j < 18; ++j) mbar_init(s_base + kSsOffBar + 8 * j, 1);
     fence_mbar_init();
     for (int i = 0; i < min(n, 2); ++i) ss_load(sp, ss_tile(s_base, t_begin, i, kv_end, p.cache_len), b, 0, 9);
-    if (m0 == 0)  // the unit's other M-tiles read the same tiles: one CTA asks for them
-      for (int i = 2; i < min(n, 2 + sp.prefetch); ++i) ss_prefetch(sp, b, t_begin + i);
   }
   if (n > 0) {
     load_tile<kThreads>(s_base, p.q + static_cast<size_t>(b) * rows * kTvmDimQK, m0, rows, threadIdx.x);
@@ -213,7 +204,7 @@ __global__ void __launch_bounds__(kThreads, 1) tree_verify_mla_seesaw_kernel(con
   ss_load_rope(rope, s_base, w);
   fence_proxy_async_smem();  // Q was written by cp.async (generic proxy); wgmma reads it
   __syncthreads();           // every warp holds its rope fragments: Q's block 8 becomes P of the odd tile
-  SsCtx x{sp, smem, s_base, b, past, kv_end, t_begin, n, m0 == 0 ? sp.prefetch : 0, w,
+  SsCtx x{sp, smem, s_base, b, past, kv_end, t_begin, n, w,
           {16 * w.rg + (w.lane >> 2), 16 * w.rg + (w.lane >> 2) + 8}, {nullptr, nullptr}};
   anc_rows(p, b, m0, w, x.anc_row);
   const bool real[2] = {x.anc_row[0] != nullptr && node_is_real(x.anc_row[0], p.words),

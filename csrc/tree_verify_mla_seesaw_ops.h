@@ -27,7 +27,6 @@ struct SeesawParams {
   Params p;
   CUtensorMap kv_map;  // [batch][cache_len][576] bf16, box 1 x 64 x 64, 128-byte swizzle (the smem tile layout)
   CUtensorMap o_map;   // [batch][T H][512] bf16, the same boxes: the final rows' stores (ss_store_final)
-  int prefetch;        // KV tiles the M-tile-0 CTA of a unit asks L2 for ahead of its TMA ring (0: none)
 };
 
 struct SsTile {  // one KV tile of the split as a warpgroup sees it
@@ -58,14 +57,6 @@ __device__ __forceinline__ void ss_load(const SeesawParams& sp, const SsTile& k,
     mbar_expect_tx(k.bars + 8 * j, kColBlockBytes);
     tma_load_3d(k.stage + j * kColBlockBytes, &sp.kv_map, 64 * j, y, b, k.bars + 8 * j);
   }
-}
-
-// L2 prefetch of tile t of request b (cache rows [64 t, 64 t + 64) clipped to S; contiguous, 1152 B a row) by one
-// thread. A hint: the TMA boxes read the tile whatever it did, so the rows need not match the tile's shifted box.
-__device__ __forceinline__ void ss_prefetch(const SeesawParams& sp, int b, int t) {
-  const int r0 = t * kBlockN, r1 = min(r0 + kBlockN, sp.p.cache_len);
-  if (r0 < r1) prefetch_l2(sp.p.kv + (static_cast<size_t>(b) * sp.p.cache_len + r0) * kTvmDimQK,
-                           static_cast<uint32_t>((r1 - r0) * kTvmDimQK * sizeof(__nv_bfloat16)));
 }
 
 // The masked tile's visibility words as its box holds it: bit r <=> cache row 64 t - shift + r, so the columns of
