@@ -1,6 +1,10 @@
-// kv_compact launcher: picks the widest vector that divides every row and the base address, then launches
-// the CTA-per-(request, layer chunk) kernel of kv_compact_kernel.h. Design: plans/0004-kernels.md "## kv_compact".
+// kv_compact launcher: the bulk path on sm_90 (kv_compact_bulk.h); elsewhere, or for rows it does not take, the
+// CTA-per-(request, layer chunk) kernel of kv_compact_kernel.h with the widest vector that divides every row and the
+// base address. Design: plans/0004-kernels.md "## kv_compact".
+#include <cstdlib>
+
 #include "kv_compact.h"
+#include "kv_compact_bulk.h"
 #include "kv_compact_kernel.h"
 
 namespace kdb {
@@ -14,10 +18,22 @@ constexpr int kChainsPerThread = 1;
 constexpr int kGroup = 16;
 constexpr bool kStreaming = true;
 
+// The bulk path (kv_compact_bulk.h) on sm_90 devices, whose build is sm_90a (cuda_build.arch_flags), for aligned rows
+// that fit its batch; KDB_KVC_BULK=0 in the environment (read at every launch) forces the vector kernel: the A/B
+// switch of the benches.
+bool use_bulk(const KvCompactArgs& a) {
+  int dev = 0, major = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess)
+    return false;
+  const char* knob = std::getenv("KDB_KVC_BULK");
+  return major == 9 && kv_bulk_fits(a) && !(knob != nullptr && knob[0] == '0');
+}
+
 }  // namespace
 
 cudaError_t kv_compact_launch(const KvCompactArgs& a, cudaStream_t stream) {
   if (int64_t(a.layers) * a.batch * a.dim == 0 || a.width == 0) return cudaSuccess;
+  if (use_bulk(a)) return kv_compact_bulk_launch(a, stream);
   const int64_t row_bytes = int64_t(a.dim) * a.element_bytes;
   const uintptr_t addr = reinterpret_cast<uintptr_t>(a.cache);
   if (row_bytes % 16 == 0 && addr % 16 == 0) return kv_compact_launch_as<uint4, kChainsPerThread, kGroup, kStreaming>(a, stream);

@@ -82,6 +82,25 @@ __device__ __forceinline__ void bulk_wait_read() {
 #endif
 }
 
+// Non-tensor bulk copies (kv_compact's bulk path): `bytes` (a multiple of 16, both addresses 16-byte aligned) from
+// global src into shared dst, completing on bar; and from shared src to global dst in the thread's bulk group.
+__device__ __forceinline__ void bulk_load(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar) {
+#if KDB_HAS_WGMMA
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst),
+               "l"(src), "r"(bytes), "r"(bar)
+               : "memory");
+#else
+  __trap();
+#endif
+}
+__device__ __forceinline__ void bulk_store(void* dst, uint32_t src, uint32_t bytes) {
+#if KDB_HAS_WGMMA
+  asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;\n" ::"l"(dst), "r"(src), "r"(bytes) : "memory");
+#else
+  __trap();
+#endif
+}
+
 // Producer side of a named barrier whose consumer bar.syncs: orders the producer's earlier shared-memory
 // accesses before the consumer's later ones without waiting. -DKDB_RACECHECK_ARRIVE_AS_SYNC makes it bar.sync
 // (the same order of barrier operations on both sides, so no deadlock): compute-sanitizer racecheck does not seem

@@ -1,14 +1,15 @@
 // kv_compact variant bench, no torch (llm.c dev/cuda style): every variant checked bit-exact against an
 // out-of-place device reference on fresh random bits, then timed with CUDA events (L2 flush + launch shield,
 // as suite/timing.py) next to a cudaMemcpy of the same bytes and the 1 GiB copy ceiling, in one process.
-// Two more views of the same cases: "read_flush" (memcpy_same_bytes and prod, single launch, after a flush
-// that leaves L2 clean: the A/B for the dirty-L2 cost of the memset flush) and "graph" (per launch in one CUDA
-// graph of 16 launches on 16 cache copies, as the engine replays its step: the host launch cost amortized).
+// Two more views of the same cases: "read_flush" (memcpy_same_bytes, prod and vector = prod's vector kernel before
+// the s16 bulk path, single launch, after a flush that leaves L2 clean: the A/B for the dirty-L2 cost of the memset
+// flush) and "graph" (per launch in one CUDA graph of 16 launches on 16 cache copies, as the engine replays its
+// step: the host launch cost amortized).
 // Build: nvcc -O3 -std=c++20 -gencode=arch=compute_90a,code=sm_90a -Icsrc reports/h200/kv_compact_bench.cu -o kvb
 // Usage: kvb check | sanitize (small shapes, for compute-sanitizer) | time OUT.json
 // OUT.json: {copy_bytes_per_s, cases: [{batch, moved_rows_per_layer, bytes_moved, floor_s, rows: {NAME: ROW},
-//   read_flush: {rows: {memcpy_same_bytes, prod}}, graph: {replicas, rows: {prod, memcpy_same_bytes,
-//   empty_kernel}}}]}, ROW = {median_s, p10_s, p90_s, min_s, pct_of_floor_rate} (graph: per launch).
+//   read_flush: {rows: {memcpy_same_bytes, prod, vector}}, graph: {replicas, rows: {prod, memcpy_same_bytes,
+//   empty_kernel, vector}}}]}, ROW = {median_s, p10_s, p90_s, min_s, pct_of_floor_rate} (graph: per launch).
 // Exit code: 1 if any bit-exact check fails (check, or time's checks after timing).
 #include <algorithm>
 #include <cstdio>
@@ -101,7 +102,9 @@ const Variant kVariants[] = {
     {"c4g4", by_vector<New<4, 4>::F>},
     {"c1g16cs", by_vector<New<1, 16, true>::F>},
     {"c1g16persist", by_vector<Persistent<1, 16>::F>},
+    {"bulk", kdb::kv_compact_bulk_launch},  // prod on sm_90 since s16; c1g16cs is prod's vector kernel before it
 };
+const Launch kVector = by_vector<New<1, 16, true>::F>;  // prod's vector kernel (before s16's bulk path, and off sm_90)
 
 // ---- inputs ------------------------------------------------------------------------------------------
 struct Shape { const char* kind; int layers, batch, dim, elem, width, nodes, max_past, misalign; uint64_t seed; };
@@ -378,10 +381,11 @@ void emit_rows(FILE* out, int batch, const std::string& tag, const std::vector<s
 
 // Read-flush A/B of the dirty-L2 hypothesis: the single-launch memcpy_same_bytes and prod, flushed clean.
 void time_read_flush(Device& dev, double bytes, double floor, FILE* out) {
-  const std::vector<std::string> names = {"memcpy_same_bytes", "prod"};
+  const std::vector<std::string> names = {"memcpy_same_bytes", "prod", "vector"};
   const std::vector<std::function<void()>> fns = {
       [&] { CK(cudaMemcpyAsync(dev.want, dev.orig, size_t(bytes / 2), cudaMemcpyDeviceToDevice)); },
-      [&] { CK(kdb::kv_compact_launch(dev.a, nullptr)); }};
+      [&] { CK(kdb::kv_compact_launch(dev.a, nullptr)); },
+      [&] { CK(kVector(dev.a, nullptr)); }};
   std::fprintf(out, ", \"read_flush\": {\"rows\": {");
   emit_rows(out, dev.in.s.batch, "read_flush/", names, time_all(fns, 3, 30, Flush::read), floor);
   std::fprintf(out, "}}");
@@ -449,12 +453,13 @@ int time_graph(Device& dev, double bytes, double floor, FILE* out) {
   const Replicas rep(dev, size_t(bytes / 2));
   cudaStream_t s;
   CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-  const std::vector<std::string> names = {"prod", "memcpy_same_bytes", "empty_kernel"};
+  const std::vector<std::string> names = {"prod", "memcpy_same_bytes", "empty_kernel", "vector"};
   const std::vector<cudaGraphExec_t> g = {
       capture(s, [&](int i) { CK(kdb::kv_compact_launch(rep.r[i].a, s)); }),
       capture(s, [&](int i) {
         CK(cudaMemcpyAsync(rep.r[i].dst, rep.r[i].src, rep.copy_bytes, cudaMemcpyDeviceToDevice, s)); }),
-      capture(s, [&](int) { empty_kernel<<<1, 32, 0, s>>>(); CK(cudaGetLastError()); })};
+      capture(s, [&](int) { empty_kernel<<<1, 32, 0, s>>>(); CK(cudaGetLastError()); }),
+      capture(s, [&](int i) { CK(kVector(rep.r[i].a, s)); })};
   std::vector<std::function<void()>> fns;
   for (cudaGraphExec_t e : g) fns.push_back([e, s] { CK(cudaGraphLaunch(e, s)); });
   std::vector<Stats> st = time_all(fns, 3, 20, Flush::memset, s);
