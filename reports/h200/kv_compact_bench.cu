@@ -91,6 +91,13 @@ template <int C, int G> struct Persistent {
     return kdb::kv_compact_launch_as<V, C, G, false>(a, s, resident); } };
 };
 
+// The bulk path with L layers per CTA where the rows allow it (else the vector kernel, as the launcher does).
+template <int L> struct Bulk {
+  static cudaError_t go(const KvCompactArgs& a, cudaStream_t s) {
+    return kdb::kv_bulk_fits(a) ? kdb::kv_compact_bulk_launch(a, s, L) : by_vector<New<1, 16, true>::F>(a, s);
+  }
+};
+
 struct Variant { const char* name; Launch fn; };
 const Variant kVariants[] = {
     {"old", by_vector<Old>},
@@ -102,9 +109,12 @@ const Variant kVariants[] = {
     {"c4g4", by_vector<New<4, 4>::F>},
     {"c1g16cs", by_vector<New<1, 16, true>::F>},
     {"c1g16persist", by_vector<Persistent<1, 16>::F>},
-    {"bulk", kdb::kv_compact_bulk_launch},  // prod on sm_90 since s16; c1g16cs is prod's vector kernel before it
+    {"bulk_l1", Bulk<1>::go},  // prod is the bulk path on sm_90 since s16 (its own layers per CTA); c1g16cs is its
+    {"bulk_l2", Bulk<2>::go},  // vector kernel (before s16, and off sm_90)
+    {"bulk_l4", Bulk<4>::go},
+    {"bulk_l16", Bulk<16>::go},
 };
-const Launch kVector = by_vector<New<1, 16, true>::F>;  // prod's vector kernel (before s16's bulk path, and off sm_90)
+const Launch kVector = by_vector<New<1, 16, true>::F>;
 
 // ---- inputs ------------------------------------------------------------------------------------------
 struct Shape { const char* kind; int layers, batch, dim, elem, width, nodes, max_past, misalign; uint64_t seed; };
