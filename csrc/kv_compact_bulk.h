@@ -23,15 +23,15 @@ struct KvBulkGeometry {
   int64_t ctas;        // batch * ceil(layers / layers_per_cta)
 };
 
-// About 4 CTAs per SM in one wave, each over several layers so its batches are full (at B 64, 61 layers: 8 layers
-// of ~5 moved rows = one batch of ~42 rows); layers_per_cta > 0 forces it (the bench's variants).
-inline KvBulkGeometry kv_bulk_geometry(const KvCompactArgs& a, int sms, int layers_per_cta = 0) {
+// Two layers per CTA: the fastest of 1 / 2 / 4 / 16 and of "one wave of 4 CTAs per SM" (8 layers at B 64) at B 8, 64
+// and 128 in the s16 bench (plans/0004 "## kv_compact"); layers_per_cta > 0 forces another count (the bench's rows).
+constexpr int kKvBulkLayersPerCta = 2;
+inline KvBulkGeometry kv_bulk_geometry(const KvCompactArgs& a, int layers_per_cta = 0) {
   KvBulkGeometry g;
   g.row_bytes = int64_t(a.dim) * a.element_bytes;
   g.rows_per_batch = int(kKvBulkSmemBytes / std::max<int64_t>(g.row_bytes, 1));
-  const int64_t want = std::max<int64_t>(1, int64_t(4) * sms);
-  const int64_t lpc = layers_per_cta > 0 ? layers_per_cta : ceil_div(int64_t(a.layers) * a.batch, want);
-  g.layers_per_cta = int(std::clamp<int64_t>(lpc, 1, a.layers));
+  const int lpc = layers_per_cta > 0 ? layers_per_cta : kKvBulkLayersPerCta;
+  g.layers_per_cta = std::clamp(lpc, 1, std::max(a.layers, 1));
   g.ctas = int64_t(a.batch) * ceil_div(a.layers, g.layers_per_cta);
   return g;
 }
@@ -105,10 +105,7 @@ __global__ void __launch_bounds__(32) kv_compact_bulk_kernel(KvCompactArgs a, Kv
 
 // Needs kv_bulk_fits(a) and an sm_90a build.
 inline cudaError_t kv_compact_bulk_launch(const KvCompactArgs& a, cudaStream_t stream, int layers_per_cta = 0) {
-  int dev = 0, sms = 0;
-  KDB_CUDA_TRY(cudaGetDevice(&dev));
-  KDB_CUDA_TRY(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-  const KvBulkGeometry g = kv_bulk_geometry(a, sms, layers_per_cta);
+  const KvBulkGeometry g = kv_bulk_geometry(a, layers_per_cta);
   if (g.ctas > INT32_MAX) return cudaErrorInvalidConfiguration;
   const size_t smem = size_t(g.rows_per_batch) * size_t(g.row_bytes);
   kv_compact_bulk_kernel<<<unsigned(g.ctas), 32, smem, stream>>>(a, g);
