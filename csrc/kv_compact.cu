@@ -23,8 +23,8 @@ constexpr bool kStreaming = true;
 // switch of the benches.
 bool use_bulk(const KvCompactArgs& a) {
   int dev = 0, major = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess)
-    return false;
+  if (cudaGetDevice(&dev) != cudaSuccess) return false;
+  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) return false;
   const char* knob = std::getenv("KDB_KVC_BULK");
   return major == 9 && kv_bulk_fits(a) && !(knob != nullptr && knob[0] == '0');
 }

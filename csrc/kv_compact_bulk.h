@@ -66,7 +66,8 @@ __device__ __forceinline__ void kv_bulk_rows(const KvBulkCta& c, const int* from
       bulk_load(base + uint32_t(i) * bytes, c.row((i0 + i) / n, from[(i0 + i) % n]), bytes, bar);
     mbar_wait(bar, parity);
     parity ^= 1u;
-    for (int i = lane; i < cnt; i += 32) bulk_store(c.row((i0 + i) / n, to[(i0 + i) % n]), base + uint32_t(i) * bytes, bytes);
+    for (int i = lane; i < cnt; i += 32)
+      bulk_store(c.row((i0 + i) / n, to[(i0 + i) % n]), base + uint32_t(i) * bytes, bytes);
     bulk_commit();
     bulk_wait_read();
     __syncwarp();  // the next batch's loads overwrite this one's rows
