@@ -85,3 +85,19 @@ def test_the_quoted_moe_layer_figures_are_call_cs_saved_samples():
     row = next(line for line in plan.splitlines() if line.startswith("| + BN per slot count, router, plan (C"))
     for ms, pct in got.values():
         assert f"{ms:.3f} ({pct:.1f} %)" in row, (ms, pct, row)   # the plan's table quotes these samples
+
+
+def test_the_quoted_kv_compact_bulk_figures_are_call_ds_saved_samples():
+    """plans/0004's kv_compact Session 16 table: bulk (prod) / vector / same-size cudaMemcpy medians in us, per view, at
+    B 64 and 128, from s16 call D's bench JSON."""
+    data = json.loads((ROOT / "reports/h200/2026-12-02-s16/call_d/logs/kvc_bench.json").read_text())
+    plan = (ROOT / "plans/0004-kernels.md").read_text()
+    views = {"| memset flush, single launch |": lambda c: c["rows"] | {"vector": c["rows"]["c1g16cs"]},
+             "| read flush (clean L2) |": lambda c: c["read_flush"]["rows"],
+             "| graph of 16 launches (what the engine pays) |": lambda c: c["graph"]["rows"]}
+    for head, rows_of in views.items():
+        line = next(x for x in plan.splitlines() if x.strip().startswith(head))
+        for case in (c for c in data["cases"] if c["batch"] in (64, 128)):
+            rows = rows_of(case)
+            for name in ("prod", "vector", "memcpy_same_bytes"):
+                assert f"{rows[name]['median_s'] * 1e6:.2f}" in line, (head, case["batch"], name, line)
