@@ -51,6 +51,13 @@ inline cudaError_t allow_dynamic_smem(Kernel kernel, size_t bytes) {
   return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes));
 }
 
+// An A/B switch in the environment, read at every call so a bench can flip it within one process: off when the
+// variable is set and starts with '0' (KDB_PDL, KDB_TVM_TAIL, KDB_KVC_BULK).
+inline bool env_switch_off(const char* name) {
+  const char* v = std::getenv(name);
+  return v != nullptr && v[0] == '0';
+}
+
 // Programmatic dependent launch (PDL, sm_90+): a kernel launched by launch_pdl may start while the previous
 // kernel of the stream is still running (that kernel lets it with pdl_launch_dependents, or by exiting), so its
 // launch and prologue overlap the other's tail. It must call pdl_wait() before it reads anything the previous
@@ -83,8 +90,7 @@ inline cudaError_t launch_pdl(void (*kernel)(Params...), dim3 grid, dim3 block, 
   attr.val.programmaticStreamSerializationAllowed = 1;
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = grid, cfg.blockDim = block, cfg.dynamicSmemBytes = smem, cfg.stream = stream;
-  const char* knob = std::getenv("KDB_PDL");
-  cfg.attrs = &attr, cfg.numAttrs = major >= 9 && !(knob != nullptr && knob[0] == '0') ? 1 : 0;
+  cfg.attrs = &attr, cfg.numAttrs = major >= 9 && !env_switch_off("KDB_PDL") ? 1 : 0;
   return cudaLaunchKernelEx(&cfg, kernel, args...);
 }
 

@@ -1,8 +1,6 @@
 // kv_compact launcher: the bulk path on sm_90 (kv_compact_bulk.h); elsewhere, or for rows it does not take, the
 // CTA-per-(request, layer chunk) kernel of kv_compact_kernel.h with the widest vector that divides every row and the
 // base address. Design: plans/0004-kernels.md "## kv_compact".
-#include <cstdlib>
-
 #include "kv_compact.h"
 #include "kv_compact_bulk.h"
 #include "kv_compact_kernel.h"
@@ -25,8 +23,7 @@ bool use_bulk(const KvCompactArgs& a) {
   int dev = 0, major = 0;
   if (cudaGetDevice(&dev) != cudaSuccess) return false;
   if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) return false;
-  const char* knob = std::getenv("KDB_KVC_BULK");
-  return major == 9 && kv_bulk_fits(a) && !(knob != nullptr && knob[0] == '0');
+  return major == 9 && kv_bulk_fits(a) && !env_switch_off("KDB_KVC_BULK");
 }
 
 }  // namespace

@@ -23,4 +23,10 @@ struct KvCompactArgs {
 };
 cudaError_t kv_compact_launch(const KvCompactArgs& a, cudaStream_t stream);
 
+// Whether slot k of a request moves, by the rules above: len = min(accept_len, width), src = accepted[k], seq = S.
+// Both kernels (kv_compact_kernel.h, kv_compact_bulk.h) decide with it.
+__host__ __device__ inline bool kv_slot_moves(int k, int len, int src, int past, int seq) {
+  return k < len && src != k && src >= 0 && past >= 0 && src < seq - past && k < seq - past;
+}
+
 }  // namespace kdb

@@ -91,8 +91,7 @@ __global__ void __launch_bounds__(32) kv_compact_bulk_kernel(KvCompactArgs a, Kv
   for (int base = 0; base < len; base += 32) {  // 32 accepted slots per ballot, ascending
     const int k = base + lane;
     const int src = k < a.width ? __ldg(acc + k) : k;
-    // rows outside the cache (or a negative past) are skipped rather than touched
-    const bool moves = k < len && src != k && src >= 0 && past >= 0 && src < a.seq - past && k < a.seq - past;
+    const bool moves = kv_slot_moves(k, len, src, past, a.seq);  // rows outside the cache are not touched
     const uint32_t mask = __ballot_sync(kFullMask, moves);
     if (moves) {
       const int r = __popc(mask & ((1u << lane) - 1u));  // rank among the moved slots

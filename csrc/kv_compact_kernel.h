@@ -97,8 +97,7 @@ __global__ void __launch_bounds__(kKvCompactMaxThreads) kv_compact_kernel(KvComp
       for (int base = 0; base < len; base += 32) {  // 32 accepted slots per ballot, ascending
         const int k = base + lane;
         if (base > 0) src = k < a.width ? __ldg(acc + k) : k;
-        // rows outside the cache (or a negative past) are skipped rather than touched
-        const bool moves = k < len && src != k && src >= 0 && past >= 0 && src < a.seq - past && k < a.seq - past;
+        const bool moves = kv_slot_moves(k, len, src, past, a.seq);  // rows outside the cache are not touched
         uint32_t mask = __ballot_sync(kFullMask, moves);
         while (mask) copy_group<Vec, kCpt, kGroup, kStream>(rows, live, mask, src, base, past, g.vecs);
       }

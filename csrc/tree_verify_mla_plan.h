@@ -3,12 +3,13 @@
 // one translation unit, since its two public functions are not inline (tests/tree_verify_mla_plan_check.cu includes
 // that file to check the plans on the CPU). plans/0004 ("Split-KV", "Session 8").
 #pragma once
+#include "common.h"  // env_switch_off
 #include "tree_verify_mla.h"
 #include "tree_verify_mla_tile.h"
 
 #include <algorithm>
 #include <cstdint>
-#include <cstdlib>  // getenv: KDB_TVM_TAIL, KDB_TVM_SPLITS
+#include <cstdlib>  // getenv: KDB_TVM_SPLITS
 
 namespace kdb {
 namespace tvm {
@@ -25,10 +26,7 @@ inline int64_t tail_cost(int64_t units, int tiles, int pieces, int num_sms) {
   return units / num_sms * tiles + (tiles + pieces - 1) / pieces + kSplitOverheadTiles;
 }
 
-inline bool tail_plan_allowed() {
-  const char* knob = std::getenv("KDB_TVM_TAIL");
-  return !(knob != nullptr && knob[0] == '0');
-}
+inline bool tail_plan_allowed() { return !env_switch_off("KDB_TVM_TAIL"); }
 
 // KDB_TVM_SPLITS=n (1..kMaxSplits) forces n uniform splits (capped at the KV tiles), no tail plan: the A/B knob of
 // reports/h200/decode_splits.py, which measures the split cost model on decode shapes. 0 (unset): the cost model.
