@@ -13,24 +13,30 @@
 
 namespace kdb {
 
-constexpr int kKvBulkSmemBytes = 45 * 1024;  // a batch of rows; 4 CTAs per SM, no opt-in (<= 48 KB with the statics)
+constexpr int kKvBulkSmemBytes = 45 * 1024;  // most dynamic shared memory a CTA takes (<= 48 KB with the statics: no opt-in)
 
-// Launch shape: a CTA (one warp) owns request b and layers [l0, l0 + layers_per_cta), every byte of those rows.
+// Launch shape: a CTA (one warp) owns request b and layers [l0, l0 + layers_per_cta), every byte of those rows, and
+// moves them in batches of rows_per_batch rows through `stages` shared buffers (2: the loads of batch i + 1 run under
+// the stores of batch i). Shared memory per CTA = stages * rows_per_batch * row_bytes <= kKvBulkSmemBytes.
 struct KvBulkGeometry {
   int64_t row_bytes;
-  int rows_per_batch;  // rows one shared-memory batch holds
+  int rows_per_batch;
+  int stages;          // 1 or 2
   int layers_per_cta;
   int64_t ctas;        // batch * ceil(layers / layers_per_cta)
+  size_t smem_bytes() const { return size_t(stages) * size_t(rows_per_batch) * size_t(row_bytes); }
 };
 
-// Two layers per CTA: the fastest of 1 / 2 / 4 / 16 and of "one wave of 4 CTAs per SM" (8 layers at B 64) at B 8, 64
-// and 128 in the s16 bench (plans/0004 "## kv_compact"); layers_per_cta > 0 forces another count (the bench's rows).
-constexpr int kKvBulkLayersPerCta = 2;
-inline KvBulkGeometry kv_bulk_geometry(const KvCompactArgs& a, int layers_per_cta = 0) {
+// What the launcher takes (the s16 shape: 2 layers, one 40-row batch); the bench's rows force others (> 0 each).
+constexpr int kKvBulkLayersPerCta = 2, kKvBulkStages = 1;
+struct KvBulkShape { int layers_per_cta = 0, rows_per_batch = 0, stages = 0; };
+inline KvBulkGeometry kv_bulk_geometry(const KvCompactArgs& a, KvBulkShape want = {}) {
   KvBulkGeometry g;
-  g.row_bytes = int64_t(a.dim) * a.element_bytes;
-  g.rows_per_batch = int(kKvBulkSmemBytes / std::max<int64_t>(g.row_bytes, 1));
-  const int lpc = layers_per_cta > 0 ? layers_per_cta : kKvBulkLayersPerCta;
+  g.row_bytes = std::max<int64_t>(int64_t(a.dim) * a.element_bytes, 1);
+  const int most_rows = int(std::max<int64_t>(kKvBulkSmemBytes / g.row_bytes, 1));  // kv_bulk_fits: >= 1
+  g.rows_per_batch = std::clamp(want.rows_per_batch > 0 ? want.rows_per_batch : most_rows, 1, most_rows);
+  g.stages = std::clamp(want.stages > 0 ? want.stages : kKvBulkStages, 1, std::min(2, most_rows / g.rows_per_batch));
+  const int lpc = want.layers_per_cta > 0 ? want.layers_per_cta : kKvBulkLayersPerCta;
   g.layers_per_cta = std::clamp(lpc, 1, std::max(a.layers, 1));
   g.ctas = int64_t(a.batch) * ceil_div(a.layers, g.layers_per_cta);
   return g;
@@ -51,40 +57,67 @@ struct KvBulkCta {  // what one CTA moves
   }
 };
 
-// Moves the n rows listed in from / to (moved slots of one ballot) of every layer of the CTA, in batches of
-// g.rows_per_batch (layer-major items): lane 0 announces the batch's bytes, the lanes issue its loads, all wait on
-// the mbarrier, then each lane stores what it loaded and waits until its stores have read shared memory.
-__device__ __forceinline__ void kv_bulk_rows(const KvBulkCta& c, const int* from, const int* to, int n, uint8_t* buf,
-                                             uint32_t bar, uint32_t& parity) {
-  const int lane = threadIdx.x & 31, items = c.layers * n;
-  const uint32_t bytes = uint32_t(c.g.row_bytes), base = smem_addr(buf);
-  for (int i0 = 0; i0 < items; i0 += c.g.rows_per_batch) {
-    const int cnt = min(c.g.rows_per_batch, items - i0);
-    if (lane == 0) mbar_expect_tx(bar, uint32_t(cnt) * bytes);
+// The n rows listed in from / to (the moved slots of one ballot) of every layer of the CTA, as items in layer-major
+// order, cut into batches of g.rows_per_batch. Item i of a batch sits in slot i of its buffer and lane i % 32 loads
+// and stores it, so a lane's bulk_wait_read covers every store out of the slots it reloads.
+struct KvBulkItems {
+  const KvBulkCta& c;
+  const int *from, *to;
+  int n, items;
+  uint8_t* buf;        // g.stages buffers of g.rows_per_batch rows
+  uint32_t bar0, bar1;  // the buffers' mbarriers (not an array: a dynamic index would put it on the stack)
+  __device__ __forceinline__ uint32_t bar(int j) const { return j % c.g.stages ? bar1 : bar0; }
+  // Batch j's loads into buffer j % stages: lane 0 announces its bytes, then every lane issues its rows.
+  __device__ __forceinline__ void load(int j) const {
+    const int lane = threadIdx.x & 31, i0 = j * c.g.rows_per_batch, cnt = min(c.g.rows_per_batch, items - i0);
+    const uint32_t bytes = uint32_t(c.g.row_bytes);
+    const uint32_t base = smem_addr(buf) + uint32_t(j % c.g.stages) * uint32_t(c.g.rows_per_batch) * bytes;
+    if (lane == 0) mbar_expect_tx(bar(j), uint32_t(cnt) * bytes);
     __syncwarp();
     for (int i = lane; i < cnt; i += 32)
-      bulk_load(base + uint32_t(i) * bytes, c.row((i0 + i) / n, from[(i0 + i) % n]), bytes, bar);
-    mbar_wait(bar, parity);
-    parity ^= 1u;
+      bulk_load(base + uint32_t(i) * bytes, c.row((i0 + i) / n, from[(i0 + i) % n]), bytes, bar(j));
+  }
+  __device__ __forceinline__ void store(int j) const {
+    const int lane = threadIdx.x & 31, i0 = j * c.g.rows_per_batch, cnt = min(c.g.rows_per_batch, items - i0);
+    const uint32_t bytes = uint32_t(c.g.row_bytes);
+    const uint32_t base = smem_addr(buf) + uint32_t(j % c.g.stages) * uint32_t(c.g.rows_per_batch) * bytes;
     for (int i = lane; i < cnt; i += 32)
       bulk_store(c.row((i0 + i) / n, to[(i0 + i) % n]), base + uint32_t(i) * bytes, bytes);
     bulk_commit();
-    bulk_wait_read();
-    __syncwarp();  // the next batch's loads overwrite this one's rows
   }
+};
+
+// Every batch's loads land before any of its stores issue, and the waits go in batch order, so a store never
+// overwrites a row an earlier item still has to read. A later item's load may run ahead of earlier stores: its
+// source accepted[k] >= k lies above every earlier destination k' < k (plans/0004 "## kv_compact", Session 17).
+// With 2 stages the loads of batch j + 1 go out once the stores of batch j - 1 (same buffer) have read it; parity:
+// one bit per buffer.
+__device__ __forceinline__ void kv_bulk_rows(const KvBulkItems& it, uint32_t& parity) {
+  const int batches = ceil_div(it.items, it.c.g.rows_per_batch), stages = it.c.g.stages;
+  it.load(0);
+  for (int j = 0; j < batches; ++j) {
+    if (stages == 2 && j + 1 < batches) bulk_wait_read(), __syncwarp(), it.load(j + 1);
+    const int s = j % stages;
+    mbar_wait(it.bar(j), (parity >> s) & 1u);
+    parity ^= 1u << s;
+    it.store(j);
+    if (stages == 1 && j + 1 < batches) bulk_wait_read(), __syncwarp(), it.load(j + 1);
+  }
+  bulk_wait_read();
+  __syncwarp();  // the next ballot's loads overwrite these slots
 }
 
-// grid = g.ctas CTAs of 32 threads, g.rows_per_batch * row_bytes of dynamic shared memory.
+// grid = g.ctas CTAs of 32 threads, g.smem_bytes() of dynamic shared memory.
 __global__ void __launch_bounds__(32) kv_compact_bulk_kernel(KvCompactArgs a, KvBulkGeometry g) {
   extern __shared__ __align__(128) uint8_t kvb_smem[];
-  __shared__ __align__(8) uint64_t bar_word;
+  __shared__ __align__(8) uint64_t bar_words[2];
   __shared__ int from[32], to[32];
   const int lane = threadIdx.x & 31;
   const int b = int(blockIdx.x % a.batch), l0 = int(blockIdx.x / a.batch) * g.layers_per_cta;
   const int past = __ldg(a.past_lens + b), len = min(__ldg(a.accept_len + b), a.width);
   const int32_t* acc = a.accepted + int64_t(b) * a.width;
-  const uint32_t bar = smem_addr(&bar_word);
-  if (lane == 0) mbar_init(bar, 1), fence_mbar_init();
+  const uint32_t bar0 = smem_addr(&bar_words[0]), bar1 = smem_addr(&bar_words[1]);
+  if (lane == 0) mbar_init(bar0, 1), mbar_init(bar1, 1), fence_mbar_init();
   __syncwarp();
   const KvBulkCta c{a, g, b, l0, min(g.layers_per_cta, a.layers - l0), past};
   uint32_t parity = 0;
@@ -98,17 +131,17 @@ __global__ void __launch_bounds__(32) kv_compact_bulk_kernel(KvCompactArgs a, Kv
       from[r] = src, to[r] = k;
     }
     __syncwarp();
-    if (mask) kv_bulk_rows(c, from, to, __popc(mask), kvb_smem, bar, parity);
+    const int n = __popc(mask);
+    if (n) kv_bulk_rows(KvBulkItems{c, from, to, n, c.layers * n, kvb_smem, bar0, bar1}, parity);
     __syncwarp();  // from / to are rewritten by the next ballot
   }
 }
 
 // Needs kv_bulk_fits(a) and an sm_90a build.
-inline cudaError_t kv_compact_bulk_launch(const KvCompactArgs& a, cudaStream_t stream, int layers_per_cta = 0) {
-  const KvBulkGeometry g = kv_bulk_geometry(a, layers_per_cta);
+inline cudaError_t kv_compact_bulk_launch(const KvCompactArgs& a, cudaStream_t stream, KvBulkShape want = {}) {
+  const KvBulkGeometry g = kv_bulk_geometry(a, want);
   if (g.ctas > INT32_MAX) return cudaErrorInvalidConfiguration;
-  const size_t smem = size_t(g.rows_per_batch) * size_t(g.row_bytes);
-  kv_compact_bulk_kernel<<<unsigned(g.ctas), 32, smem, stream>>>(a, g);
+  kv_compact_bulk_kernel<<<unsigned(g.ctas), 32, g.smem_bytes(), stream>>>(a, g);
   KDB_LAUNCH_CHECK();
   return cudaSuccess;
 }

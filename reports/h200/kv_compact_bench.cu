@@ -4,12 +4,13 @@
 // Two more views of the same cases: "read_flush" (memcpy_same_bytes, prod and vector = prod's vector kernel before
 // the s16 bulk path, single launch, after a flush that leaves L2 clean: the A/B for the dirty-L2 cost of the memset
 // flush) and "graph" (per launch in one CUDA graph of 16 launches on 16 cache copies, as the engine replays its
-// step: the host launch cost amortized).
+// step: the host launch cost amortized; every bulk_ shape of kVariants is timed there too, and every kernel graph is
+// replayed on fresh bits and checked after the timing).
 // Build: nvcc -O3 -std=c++20 -gencode=arch=compute_90a,code=sm_90a -Icsrc reports/h200/kv_compact_bench.cu -o kvb
 // Usage: kvb check | sanitize (small shapes, for compute-sanitizer) | time OUT.json
 // OUT.json: {copy_bytes_per_s, cases: [{batch, moved_rows_per_layer, bytes_moved, floor_s, rows: {NAME: ROW},
 //   read_flush: {rows: {memcpy_same_bytes, prod, vector}}, graph: {replicas, rows: {prod, memcpy_same_bytes,
-//   empty_kernel, vector}}}]}, ROW = {median_s, p10_s, p90_s, min_s, pct_of_floor_rate} (graph: per launch).
+//   empty_kernel, vector, bulk_*}}}]}, ROW = {median_s, p10_s, p90_s, min_s, pct_of_floor_rate} (graph: per launch).
 // Exit code: 1 if any bit-exact check fails (check, or time's checks after timing).
 #include <algorithm>
 #include <cstdio>
@@ -91,28 +92,35 @@ template <int C, int G> struct Persistent {
     return kdb::kv_compact_launch_as<V, C, G, false>(a, s, resident); } };
 };
 
-// The bulk path with L layers per CTA where the rows allow it (else the vector kernel, as the launcher does).
-template <int L> struct Bulk {
+// The bulk path with L layers per CTA, R rows per batch and S stages where the rows allow it (else the vector kernel,
+// as the launcher does); R = 40 is one 45 KB batch (the s16 shape: 4 CTAs per SM), smaller R lets more CTAs reside.
+template <int L, int R, int S> struct Bulk {
   static cudaError_t go(const KvCompactArgs& a, cudaStream_t s) {
-    return kdb::kv_bulk_fits(a) ? kdb::kv_compact_bulk_launch(a, s, L) : by_vector<New<1, 16, true>::F>(a, s);
+    return kdb::kv_bulk_fits(a) ? kdb::kv_compact_bulk_launch(a, s, {L, R, S}) : by_vector<New<1, 16, true>::F>(a, s);
   }
 };
 
 struct Variant { const char* name; Launch fn; };
 const Variant kVariants[] = {
     {"old", by_vector<Old>},
-    {"prod", kdb::kv_compact_launch},
+    {"prod", kdb::kv_compact_launch},  // the bulk path on sm_90 since s16 (its own shape); c1g16cs is its vector kernel
     {"c1g8", by_vector<New<1, 8>::F>},
     {"c1g16", by_vector<New<1, 16>::F>},
-    {"c2g8", by_vector<New<2, 8>::F>},
     {"c2g4", by_vector<New<2, 4>::F>},
-    {"c4g4", by_vector<New<4, 4>::F>},
     {"c1g16cs", by_vector<New<1, 16, true>::F>},
     {"c1g16persist", by_vector<Persistent<1, 16>::F>},
-    {"bulk_l1", Bulk<1>::go},  // prod is the bulk path on sm_90 since s16 (its own layers per CTA); c1g16cs is its
-    {"bulk_l2", Bulk<2>::go},  // vector kernel (before s16, and off sm_90)
-    {"bulk_l4", Bulk<4>::go},
-    {"bulk_l16", Bulk<16>::go},
+    {"bulk_l2_r40_s1", Bulk<2, 40, 1>::go},  // the s16 shape; every bulk_ row is timed in the graph view as well
+    {"bulk_l2_r16_s1", Bulk<2, 16, 1>::go},
+    {"bulk_l2_r12_s1", Bulk<2, 12, 1>::go},
+    {"bulk_l2_r8_s1", Bulk<2, 8, 1>::go},
+    {"bulk_l2_r8_s2", Bulk<2, 8, 2>::go},
+    {"bulk_l2_r6_s2", Bulk<2, 6, 2>::go},
+    {"bulk_l1_r16_s1", Bulk<1, 16, 1>::go},
+    {"bulk_l1_r8_s1", Bulk<1, 8, 1>::go},
+    {"bulk_l1_r6_s1", Bulk<1, 6, 1>::go},
+    {"bulk_l1_r4_s2", Bulk<1, 4, 2>::go},
+    {"bulk_l4_r12_s2", Bulk<4, 12, 2>::go},
+    {"bulk_l4_r20_s1", Bulk<4, 20, 1>::go},
 };
 const Launch kVector = by_vector<New<1, 16, true>::F>;
 
@@ -437,23 +445,30 @@ cudaGraphExec_t capture(cudaStream_t s, const std::function<void(int)>& node) {
   return e;
 }
 
-// After the timing, fresh bits in every copy and one replay: each copy must equal the reference; then the
-// production launcher once on copy 0 outside the graph. Returns the failed checks.
-int check_graph(Device& dev, const Replicas& rep, cudaGraphExec_t g, cudaStream_t s) {
-  dev.reset(9);
-  rep.refill(dev);
-  CK(cudaGraphLaunch(g, s));
-  CK(cudaStreamSynchronize(s));
-  int bad = 0;
-  for (const Replica& x : rep.r) bad += diff_bytes(static_cast<uint8_t*>(x.a.cache), dev.want, dev.bytes) != 0;
+// After the timing, for every graph named in `checked`: fresh bits in every copy and one replay, each copy must
+// equal the reference; then the production launcher once on copy 0 outside the graph. Returns the failed checks.
+int check_graph(Device& dev, const Replicas& rep, const std::vector<std::string>& names,
+                const std::vector<cudaGraphExec_t>& g, const std::vector<bool>& checked, cudaStream_t s) {
+  int failures = 0;
+  for (size_t k = 0; k < g.size(); ++k) {
+    if (!checked[k]) continue;
+    dev.reset(9 + k);
+    rep.refill(dev);
+    CK(cudaGraphLaunch(g[k], s));
+    CK(cudaStreamSynchronize(s));
+    int bad = 0;
+    for (const Replica& x : rep.r) bad += diff_bytes(static_cast<uint8_t*>(x.a.cache), dev.want, dev.bytes) != 0;
+    std::printf("B %3d  graph replay %-16s %s (%d of %d copies differ)\n", dev.in.s.batch, names[k].c_str(),
+                bad ? "FAIL" : "ok", bad, kReplicas);
+    failures += bad;
+  }
   CK(cudaMemcpy(rep.r[0].a.cache, dev.orig, dev.bytes, cudaMemcpyDeviceToDevice));
   CK(cudaDeviceSynchronize());
   CK(kdb::kv_compact_launch(rep.r[0].a, s));
   CK(cudaStreamSynchronize(s));
   const bool bad0 = diff_bytes(static_cast<uint8_t*>(rep.r[0].a.cache), dev.want, dev.bytes) != 0;
-  std::printf("B %3d  graph replay: %s (%d of %d copies differ); prod on copy 0: %s\n", dev.in.s.batch,
-              bad ? "FAIL" : "ok", bad, kReplicas, bad0 ? "FAIL" : "ok");
-  return bad + bad0;
+  std::printf("B %3d  prod on copy 0: %s\n", dev.in.s.batch, bad0 ? "FAIL" : "ok");
+  return failures + bad0;
 }
 
 // Per launch = replay / R, timed as time_all (memset flush and spin before each replay, so its first node starts
@@ -463,13 +478,18 @@ int time_graph(Device& dev, double bytes, double floor, FILE* out) {
   const Replicas rep(dev, size_t(bytes / 2));
   cudaStream_t s;
   CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-  const std::vector<std::string> names = {"prod", "memcpy_same_bytes", "empty_kernel", "vector"};
-  const std::vector<cudaGraphExec_t> g = {
+  std::vector<std::string> names = {"prod", "memcpy_same_bytes", "empty_kernel", "vector"};
+  std::vector<cudaGraphExec_t> g = {
       capture(s, [&](int i) { CK(kdb::kv_compact_launch(rep.r[i].a, s)); }),
       capture(s, [&](int i) {
         CK(cudaMemcpyAsync(rep.r[i].dst, rep.r[i].src, rep.copy_bytes, cudaMemcpyDeviceToDevice, s)); }),
       capture(s, [&](int) { empty_kernel<<<1, 32, 0, s>>>(); CK(cudaGetLastError()); }),
       capture(s, [&](int i) { CK(kVector(rep.r[i].a, s)); })};
+  for (const Variant& v : kVariants) {  // the bulk shapes, where the engine runs them
+    if (std::string(v.name).rfind("bulk_", 0) != 0) continue;
+    names.push_back(v.name);
+    g.push_back(capture(s, [&rep, s, fn = v.fn](int i) { CK(fn(rep.r[i].a, s)); }));
+  }
   std::vector<std::function<void()>> fns;
   for (cudaGraphExec_t e : g) fns.push_back([e, s] { CK(cudaGraphLaunch(e, s)); });
   std::vector<Stats> st = time_all(fns, 3, 20, Flush::memset, s);
@@ -477,7 +497,9 @@ int time_graph(Device& dev, double bytes, double floor, FILE* out) {
   std::fprintf(out, ", \"graph\": {\"replicas\": %d, \"rows\": {", kReplicas);
   emit_rows(out, dev.in.s.batch, "graph/", names, st, floor);
   std::fprintf(out, "}}");
-  const int failures = check_graph(dev, rep, g[0], s);
+  std::vector<bool> checked(g.size(), true);
+  checked[1] = checked[2] = false;  // memcpy_same_bytes and empty_kernel write no cache
+  const int failures = check_graph(dev, rep, names, g, checked, s);
   for (cudaGraphExec_t e : g) CK(cudaGraphExecDestroy(e));
   CK(cudaStreamDestroy(s));
   return failures;
