@@ -13,7 +13,7 @@
 
 namespace kdb {
 
-constexpr int kKvBulkSmemBytes = 45 * 1024;  // most dynamic shared memory a CTA takes (<= 48 KB with the statics: no opt-in)
+constexpr int kKvBulkSmemBytes = 45 * 1024;  // most dynamic smem a CTA takes (<= 48 KB with the statics: no opt-in)
 
 // Launch shape: a CTA (one warp) owns request b and layers [l0, l0 + layers_per_cta), every byte of those rows, and
 // moves them in batches of rows_per_batch rows through `stages` shared buffers (2: the loads of batch i + 1 run under
@@ -67,20 +67,22 @@ struct KvBulkItems {
   uint8_t* buf;        // g.stages buffers of g.rows_per_batch rows
   uint32_t bar0, bar1;  // the buffers' mbarriers (not an array: a dynamic index would put it on the stack)
   __device__ __forceinline__ uint32_t bar(int j) const { return j % c.g.stages ? bar1 : bar0; }
-  // Batch j's loads into buffer j % stages: lane 0 announces its bytes, then every lane issues its rows.
+  __device__ __forceinline__ int count(int j) const { return min(c.g.rows_per_batch, items - j * c.g.rows_per_batch); }
+  __device__ __forceinline__ uint32_t buffer(int j) const {  // batch j's buffer: j % stages; item i at + i * row bytes
+    return smem_addr(buf) + uint32_t(j % c.g.stages) * uint32_t(c.g.rows_per_batch) * uint32_t(c.g.row_bytes);
+  }
+  // Batch j's loads: lane 0 announces its bytes, then every lane issues its rows.
   __device__ __forceinline__ void load(int j) const {
-    const int lane = threadIdx.x & 31, i0 = j * c.g.rows_per_batch, cnt = min(c.g.rows_per_batch, items - i0);
-    const uint32_t bytes = uint32_t(c.g.row_bytes);
-    const uint32_t base = smem_addr(buf) + uint32_t(j % c.g.stages) * uint32_t(c.g.rows_per_batch) * bytes;
+    const int lane = threadIdx.x & 31, i0 = j * c.g.rows_per_batch, cnt = count(j);
+    const uint32_t bytes = uint32_t(c.g.row_bytes), base = buffer(j);
     if (lane == 0) mbar_expect_tx(bar(j), uint32_t(cnt) * bytes);
     __syncwarp();
     for (int i = lane; i < cnt; i += 32)
       bulk_load(base + uint32_t(i) * bytes, c.row((i0 + i) / n, from[(i0 + i) % n]), bytes, bar(j));
   }
   __device__ __forceinline__ void store(int j) const {
-    const int lane = threadIdx.x & 31, i0 = j * c.g.rows_per_batch, cnt = min(c.g.rows_per_batch, items - i0);
-    const uint32_t bytes = uint32_t(c.g.row_bytes);
-    const uint32_t base = smem_addr(buf) + uint32_t(j % c.g.stages) * uint32_t(c.g.rows_per_batch) * bytes;
+    const int lane = threadIdx.x & 31, i0 = j * c.g.rows_per_batch, cnt = count(j);
+    const uint32_t bytes = uint32_t(c.g.row_bytes), base = buffer(j);
     for (int i = lane; i < cnt; i += 32)
       bulk_store(c.row((i0 + i) / n, to[(i0 + i) % n]), base + uint32_t(i) * bytes, bytes);
     bulk_commit();
