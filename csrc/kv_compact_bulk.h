@@ -23,21 +23,24 @@ struct KvBulkGeometry {
   int rows_per_batch;
   int stages;          // 1 or 2
   int layers_per_cta;
+  bool late_index;     // the bench's A/B only: slots 0..31 loaded after accept_len (as until s17), not with it
   int64_t ctas;        // batch * ceil(layers / layers_per_cta)
   size_t smem_bytes() const { return size_t(stages) * size_t(rows_per_batch) * size_t(row_bytes); }
 };
 
-// What the launcher takes (the s16 shape: 2 layers, one 40-row batch); the bench's rows force others (> 0 each).
-constexpr int kKvBulkLayersPerCta = 2, kKvBulkStages = 1;
-struct KvBulkShape { int layers_per_cta = 0, rows_per_batch = 0, stages = 0; };
+// What the launcher takes (s18): one layer per CTA and 16-row batches (every moved row of a depth-15 tree's path in
+// one batch), the fastest shape of s17's sweep (plans/0004 "## kv_compact"); the bench's rows force others (> 0 each).
+constexpr int kKvBulkLayersPerCta = 1, kKvBulkRows = 16, kKvBulkStages = 1;
+struct KvBulkShape { int layers_per_cta = 0, rows_per_batch = 0, stages = 0; bool late_index = false; };
 inline KvBulkGeometry kv_bulk_geometry(const KvCompactArgs& a, KvBulkShape want = {}) {
   KvBulkGeometry g;
   g.row_bytes = std::max<int64_t>(int64_t(a.dim) * a.element_bytes, 1);
   const int most_rows = int(std::max<int64_t>(kKvBulkSmemBytes / g.row_bytes, 1));  // kv_bulk_fits: >= 1
-  g.rows_per_batch = std::clamp(want.rows_per_batch > 0 ? want.rows_per_batch : most_rows, 1, most_rows);
+  g.rows_per_batch = std::clamp(want.rows_per_batch > 0 ? want.rows_per_batch : kKvBulkRows, 1, most_rows);
   g.stages = std::clamp(want.stages > 0 ? want.stages : kKvBulkStages, 1, std::min(2, most_rows / g.rows_per_batch));
   const int lpc = want.layers_per_cta > 0 ? want.layers_per_cta : kKvBulkLayersPerCta;
   g.layers_per_cta = std::clamp(lpc, 1, std::max(a.layers, 1));
+  g.late_index = want.late_index;
   g.ctas = int64_t(a.batch) * ceil_div(a.layers, g.layers_per_cta);
   return g;
 }
@@ -116,16 +119,20 @@ __global__ void __launch_bounds__(32) kv_compact_bulk_kernel(KvCompactArgs a, Kv
   __shared__ int from[32], to[32];
   const int lane = threadIdx.x & 31;
   const int b = int(blockIdx.x % a.batch), l0 = int(blockIdx.x / a.batch) * g.layers_per_cta;
-  const int past = __ldg(a.past_lens + b), len = min(__ldg(a.accept_len + b), a.width);
-  const int32_t* acc = a.accepted + int64_t(b) * a.width;
   const uint32_t bar0 = smem_addr(&bar_words[0]), bar1 = smem_addr(&bar_words[1]);
   if (lane == 0) mbar_init(bar0, 1), mbar_init(bar1, 1), fence_mbar_init();
   __syncwarp();
+  pdl_wait();  // a programmatic dependent: no global read before the previous kernel (which wrote the indices) is done
+  pdl_launch_dependents();
+  const int32_t* acc = a.accepted + int64_t(b) * a.width;
+  // slots 0..31 load with past and accept_len: one dependent round trip fewer before the first bulk load
+  int src = lane < a.width && !g.late_index ? __ldg(acc + lane) : lane;
+  const int past = __ldg(a.past_lens + b), len = min(__ldg(a.accept_len + b), a.width);
   const KvBulkCta c{a, g, b, l0, min(g.layers_per_cta, a.layers - l0), past};
   uint32_t parity = 0;
   for (int base = 0; base < len; base += 32) {  // 32 accepted slots per ballot, ascending
     const int k = base + lane;
-    const int src = k < a.width ? __ldg(acc + k) : k;
+    if (base > 0 || g.late_index) src = k < a.width ? __ldg(acc + k) : k;
     const bool moves = kv_slot_moves(k, len, src, past, a.seq);  // rows outside the cache are not touched
     const uint32_t mask = __ballot_sync(kFullMask, moves);
     if (moves) {
@@ -139,13 +146,12 @@ __global__ void __launch_bounds__(32) kv_compact_bulk_kernel(KvCompactArgs a, Kv
   }
 }
 
-// Needs kv_bulk_fits(a) and an sm_90a build.
+// Needs kv_bulk_fits(a) and an sm_90a build. A programmatic dependent of the stream's previous kernel (launch_pdl;
+// KDB_PDL=0 launches it in plain stream order): its launch and barrier set-up overlap that kernel's tail.
 inline cudaError_t kv_compact_bulk_launch(const KvCompactArgs& a, cudaStream_t stream, KvBulkShape want = {}) {
   const KvBulkGeometry g = kv_bulk_geometry(a, want);
   if (g.ctas > INT32_MAX) return cudaErrorInvalidConfiguration;
-  kv_compact_bulk_kernel<<<unsigned(g.ctas), 32, g.smem_bytes(), stream>>>(a, g);
-  KDB_LAUNCH_CHECK();
-  return cudaSuccess;
+  return launch_pdl(kv_compact_bulk_kernel, dim3(unsigned(g.ctas)), dim3(32), g.smem_bytes(), stream, a, g);
 }
 
 }  // namespace kdb

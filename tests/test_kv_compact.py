@@ -43,7 +43,7 @@ CASES = [
     Case(3, 3, 576, "bfloat16", 65, 16, 12, misalign=1),  # 2-byte vectors, 576 per row: 3 column passes
     Case(2, 3, 8192, "bfloat16", 40, 16, 13),      # 1024 16-byte vectors per row: 4 column passes
     Case(7, 9, 576, "float32", 65, 16, 14),        # 144 vectors per row, 7 layers over chunks of 2
-    Case(27, 20, 2048, "float32", 20, 16, 15),     # bulk path: 2 layers per CTA, 5 rows per batch: several batches
+    Case(27, 20, 2048, "float32", 20, 16, 15),     # bulk path: 8 KB rows, 5 per batch: several batches per CTA
     Case(2, 3, 8192, "float32", 40, 16, 16),       # bulk path: 32 KB rows, one per batch
     Case(2, 3, 16384, "float32", 20, 16, 17),      # 64 KB rows: more than a bulk batch holds, the vector kernel
 ]
@@ -74,13 +74,17 @@ def _accepted(case: Case, rng: np.random.Generator) -> tuple[np.ndarray, np.ndar
     return acc, lens
 
 
-# "default": the launcher's choice (the bulk path on sm_90 where the rows allow it); "vector": KDB_KVC_BULK=0, the
-# vector kernel everywhere (what other GPUs run).
-@pytest.mark.parametrize("path", ["default", "vector"])
+# "default": the launcher's choice (the bulk path on sm_90 where the rows allow it, a programmatic dependent of the
+# kernel before it); "no_pdl": KDB_PDL=0, the same path in plain stream order; "vector": KDB_KVC_BULK=0, the vector
+# kernel everywhere (what other GPUs run).
+PATH_ENV = {"default": {}, "no_pdl": {"KDB_PDL": "0"}, "vector": {"KDB_KVC_BULK": "0"}}
+
+
+@pytest.mark.parametrize("path", list(PATH_ENV))
 @pytest.mark.parametrize("case", CASES, ids=IDS)
 def test_matches_reference(case, path, monkeypatch):
-    if path == "vector":
-        monkeypatch.setenv("KDB_KVC_BULK", "0")
+    for name, value in PATH_ENV[path].items():
+        monkeypatch.setenv(name, value)
     rng = np.random.default_rng(case.seed)
     past = rng.integers(1, 64, case.batch).astype(np.int32)
     seq = int(past.max()) + case.nodes + 3

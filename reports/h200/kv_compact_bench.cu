@@ -96,33 +96,40 @@ const Launch kVector = by_vector<New<1, 16, true>::F>;  // the launcher's vector
 
 // The bulk path with L layers per CTA, R rows per batch and S stages where the rows allow it (else the vector kernel,
 // as the launcher does); R = 40 is one 45 KB batch (the s16 shape: 4 CTAs per SM), smaller R lets more CTAs reside.
-template <int L, int R, int S> struct Bulk {
+template <int L, int R, int S, bool kLateIndex = false> struct Bulk {
   static cudaError_t go(const KvCompactArgs& a, cudaStream_t s) {
-    return kdb::kv_bulk_fits(a) ? kdb::kv_compact_bulk_launch(a, s, {L, R, S}) : kVector(a, s);
+    return kdb::kv_bulk_fits(a) ? kdb::kv_compact_bulk_launch(a, s, {L, R, S, kLateIndex}) : kVector(a, s);
   }
 };
+
+// F with KDB_PDL=0 (read at every launch, so also at graph capture): plain stream order, the PDL A/B.
+template <Launch F> cudaError_t no_pdl(const KvCompactArgs& a, cudaStream_t s) {
+  setenv("KDB_PDL", "0", 1);
+  const cudaError_t e = F(a, s);
+  unsetenv("KDB_PDL");
+  return e;
+}
 
 struct Variant { const char* name; Launch fn; };
 const Variant kVariants[] = {
     {"old", by_vector<Old>},
     {"prod", kdb::kv_compact_launch},  // the bulk path on sm_90 since s16 (its own shape); c1g16cs is its vector kernel
+    {"prod_no_pdl", no_pdl<kdb::kv_compact_launch>},  // every prod_ and bulk_ row is timed in the graph view as well
     {"c1g8", by_vector<New<1, 8>::F>},
     {"c1g16", by_vector<New<1, 16>::F>},
     {"c2g4", by_vector<New<2, 4>::F>},
     {"c1g16cs", kVector},
     {"c1g16persist", by_vector<Persistent<1, 16>::F>},
-    {"bulk_l2_r40_s1", Bulk<2, 40, 1>::go},  // the s16 shape; every bulk_ row is timed in the graph view as well
+    // the s16-s17 launcher (2 layers, 40 rows, indices after accept_len, plain order); s18: 1 layer, 16 rows, early
+    // indices, PDL (= bulk_l1_r16_s1); _late: indices after accept_len; _no_pdl: plain stream order
+    {"bulk_l2_r40_s1_late_no_pdl", no_pdl<Bulk<2, 40, 1, true>::go>},
+    {"bulk_l1_r16_s1_late_no_pdl", no_pdl<Bulk<1, 16, 1, true>::go>},
+    {"bulk_l1_r16_s1_late", Bulk<1, 16, 1, true>::go},
+    {"bulk_l2_r40_s1", Bulk<2, 40, 1>::go},
     {"bulk_l2_r16_s1", Bulk<2, 16, 1>::go},
-    {"bulk_l2_r12_s1", Bulk<2, 12, 1>::go},
-    {"bulk_l2_r8_s1", Bulk<2, 8, 1>::go},
-    {"bulk_l2_r8_s2", Bulk<2, 8, 2>::go},
-    {"bulk_l2_r6_s2", Bulk<2, 6, 2>::go},
     {"bulk_l1_r16_s1", Bulk<1, 16, 1>::go},
     {"bulk_l1_r8_s1", Bulk<1, 8, 1>::go},
-    {"bulk_l1_r6_s1", Bulk<1, 6, 1>::go},
     {"bulk_l1_r4_s2", Bulk<1, 4, 2>::go},
-    {"bulk_l4_r12_s2", Bulk<4, 12, 2>::go},
-    {"bulk_l4_r20_s1", Bulk<4, 20, 1>::go},
 };
 
 // ---- inputs ------------------------------------------------------------------------------------------
@@ -489,8 +496,9 @@ int time_graph(Device& dev, double bytes, double floor, FILE* out) {
         CK(cudaMemcpyAsync(rep.r[i].dst, rep.r[i].src, rep.copy_bytes, cudaMemcpyDeviceToDevice, s)); }),
       capture(s, [&](int) { empty_kernel<<<1, 32, 0, s>>>(); CK(cudaGetLastError()); }),
       capture(s, [&](int i) { CK(kVector(rep.r[i].a, s)); })};
-  for (const Variant& v : kVariants) {  // the bulk shapes, where the engine runs them
-    if (std::string(v.name).rfind("bulk_", 0) != 0) continue;
+  for (const Variant& v : kVariants) {  // the bulk shapes and prod's A/B rows, where the engine runs them
+    const std::string name = v.name;
+    if (name.rfind("bulk_", 0) != 0 && name.rfind("prod_", 0) != 0) continue;
     names.push_back(v.name);
     g.push_back(capture(s, [&rep, s, fn = v.fn](int i) { CK(fn(rep.r[i].a, s)); }));
   }
