@@ -3,12 +3,14 @@ scenario rows (same case, same seed: `make_inputs(case, derive_seed(seed, "trial
 reference and timed like the kernel kind (warm-up 2, 10 samples, L2 flushed, launch shield). Lets a kernel
 change be compared with reports/h200/2026-11-30 row for row. Usage: python3 time_kv_compact.py OUT_DIR"""
 import json
+import os
 import sys
 
 from kdbench import config, families, timing
 from kdbench.config import derive_seed
 
 out, rows = sys.argv[1], []
+os.makedirs(out, exist_ok=True)
 fam = families.get("kv_compact")
 ceil = timing.ceilings("cuda")
 cases = config.select(config.load("scenarios/kernels/kv_compact.yaml").cases, ["bench"])
