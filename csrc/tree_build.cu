@@ -239,11 +239,10 @@ cudaError_t tree_build_topk_plan(TopkArgs& a, int forced, int device) {
   return cudaSuccess;
 }
 
-// The vocabulary pass's shipped variant: kLaneX admission (kLane's, with the held count posted per chunk: one
-// barrier a chunk), prune at max(2k, 512) held keys, and from k >= 512 the sampled estimate (kSample; below 512 it
-// costs more than it saves, plans/0004 "tree_build"). reports/h200/tree_build_vocab_bench.cu times the others
-// against it.
-constexpr int kAdmitShipped = vocab::kLaneX, kMarkShipped = 512, kSampleMinK = 512;
+// The vocabulary pass's shipped variant: kLane admission, prune at max(2k, 512) held keys, and from k >= 512
+// the sampled estimate (kSample; below 512 it costs more than it saves, plans/0004 "tree_build").
+// reports/h200/tree_build_vocab_bench.cu times the others against it.
+constexpr int kAdmitShipped = vocab::kLane, kMarkShipped = 512, kSampleMinK = 512;
 
 template <typename T, int VW, int kAdmit, int kMarkMin, bool kSample>
 cudaError_t launch_topk(const TopkArgs& a, cudaStream_t stream) {

@@ -43,7 +43,6 @@ struct TopkSmem {
   int sel_digit, sel_above, sel_bin;
   float red_m[kWarps], red_s[kWarps];
   float red_t[kWarps];     // first_bound: each warp's bound
-  int posted[3];           // kLaneX: the appends of chunks c with c % 3 = 0, 1, 2 (Stream::posted_sync)
 };
 
 // Bits in which the n >= 1 keys differ, and the value of the bits they share (AND of all keys).

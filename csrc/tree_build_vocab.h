@@ -93,11 +93,9 @@ __device__ __forceinline__ void lse_merge(float& m, float& s, float m2, float s2
 //           (round 2; 1.1-1.2x slower than kLane at B 32, call D of 2026-12-01 s4);
 //   kLane:  lanes holding a candidate only (divergent), one shared atomic per lane for its count (the compiler
 //           aggregates the warp's), then the stores (shipped);
-//   kProbe: admits nothing (wrong outputs): the bench's bound on the streaming and log-sum-exp alone;
-//   kLaneX: kLane's admission that also adds its appends to the chunk's own counter, so the block knows how many
-//           keys it holds without a second barrier (Stream::posted_sync; s18 A/B).
+//   kProbe: admits nothing (wrong outputs): the bench's bound on the streaming and log-sum-exp alone.
 // (A per-key atomic and a per-slot ballot were slower; the figures are in plans/0004 "tree_build".)
-enum Admit : int { kMask = 0, kLane = 1, kProbe = 2, kLaneX = 3 };
+enum Admit : int { kMask = 0, kLane = 1, kProbe = 2 };
 
 template <int kAdmit, int VW>
 __device__ __forceinline__ int admit(uint64_t* keys, TopkSmem& sm, const float (&x)[kPer], float chunk_max,
@@ -115,7 +113,6 @@ __device__ __forceinline__ int admit(uint64_t* keys, TopkSmem& sm, const float (
 #pragma unroll
     for (int j = 0; j < kPer; ++j) n += (((valid >> j) & 1u) && x[j] >= thr) ? 1 : 0;
     int slot = atomicAdd(&sm.count, n);
-    if constexpr (kAdmit == kLaneX) atomicAdd(&sm.posted[c % 3], n);  // Stream::posted_sync
 #pragma unroll
     for (int j = 0; j < kPer; ++j) {
       if (((valid >> j) & 1u) && x[j] >= thr) keys[slot++] = make_key(x[j], uint32_t(chunk_index<VW>(c, j)));
@@ -167,8 +164,7 @@ struct Stream {
   int held = 0;           // sm.count as of the last check
   LseState st;
 
-  // One chunk: LSE, admission, then one barrier; only a chunk that appended reads the count (and, but for kLaneX,
-  // syncs again).
+  // One chunk: LSE, admission, then one barrier; only a chunk that appended reads the count (and syncs again).
   template <int VW>
   __device__ __forceinline__ void consume(const float (&x)[kPer], unsigned valid, int c) {
     const float mc = st.add(x);
@@ -177,30 +173,14 @@ struct Stream {
       if (k <= kThreads) thr = first_bound(mc, k, sm);
       thr = fmaxf(thr, floor);
     }
-    const int n = admit<kAdmit, VW>(keys, sm, x, mc, valid, c, thr);
-    if constexpr (kAdmit == kLaneX) {
-      if (!posted_sync(n, c)) return;
-    } else {
-      if (!__syncthreads_or(n)) return;
-      held = sm.count;
-      __syncthreads();  // every thread has read the count before the next chunk appends
-    }
+    if (!__syncthreads_or(admit<kAdmit, VW>(keys, sm, x, mc, valid, c, thr))) return;
+    held = sm.count;
+    __syncthreads();  // every thread has read the count before the next chunk appends
     if (held > prune_mark<kMarkMin>(k)) {
       held = prune(keys, k, k / 2, sm).kept;
       // Exact prune: the k kept keys beat every later logit equal to thr_val (later ids are larger).
       thr = sm.strict ? nextafterf(sm.thr_val, INFINITY) : sm.thr_val;
     }
-  }
-
-  // kLaneX's barrier: chunk c's appends are added to sm.posted[c % 3] (admit) before its barrier, and every
-  // thread adds that counter to held after it. Thread 0 zeroes the next chunk's counter before the barrier: its last
-  // readers read it after barrier c - 2 and have all passed barrier c - 1 (a second stream from the block's first
-  // chunk starts with every counter zeroed and a barrier). Returns whether any thread appended.
-  __device__ __forceinline__ bool posted_sync(int n, int c) {
-    if (threadIdx.x == 0) sm.posted[(c + 1) % 3] = 0;
-    if (!__syncthreads_or(n)) return false;
-    held += sm.posted[c % 3];
-    return true;
   }
 };
 
@@ -300,7 +280,7 @@ __device__ __forceinline__ float sample_estimate(const T* row, int c0, int cv, i
 template <typename T, int VW, int kAdmit, int kMarkMin>
 __device__ __noinline__ LseState stream_exact(uint64_t* keys, TopkSmem& sm, int k, const T* row, int V, int c0,
                                               int cv, int c1) {
-  if (threadIdx.x == 0) sm.count = 0, sm.posted[0] = sm.posted[1] = sm.posted[2] = 0;
+  if (threadIdx.x == 0) sm.count = 0;
   __syncthreads();
   Stream<kAdmit, kMarkMin> s{keys, sm, k};
   stream_chunks<T, VW>(s, row, V, c0, cv, c1);
@@ -319,10 +299,7 @@ __global__ void __launch_bounds__(kThreads, 4) topk_kernel(TopkArgs a) {
   const int V = a.vocab, k = a.k;
   const T* row = static_cast<const T*>(a.logits) + r * V;
   pdl_launch_dependents();  // the merge or the builder (programmatic dependents) may launch now and wait
-  if (threadIdx.x == 0) {
-    sm.count = 0, sm.thr_val = -INFINITY, sm.strict = 0;
-    sm.posted[0] = sm.posted[1] = sm.posted[2] = 0;
-  }
+  if (threadIdx.x == 0) sm.count = 0, sm.thr_val = -INFINITY, sm.strict = 0;
   __syncthreads();
 
   const int nfull = VW > 1 ? V / kChunk : 0;  // vector chunks; the rest goes through scalar loads

@@ -98,10 +98,9 @@ cudaError_t r3_or_shipped(const kdb::TopkArgs& a, cudaStream_t stream) {  // rou
 }
 struct Variant { const char* name; Launch fn; };
 const Variant kVariants[] = {  // [0] is the shipped one: every other variant is compared with it
-    {"shipped", kdb::launch_topk_shipped<__nv_bfloat16, 8>},  // lanex/512 (lane/512 until s17), sampled from k >= 512
+    {"shipped", kdb::launch_topk_shipped<__nv_bfloat16, 8>},  // lane/512, sampled from k >= 512
     {"mask/2048", kdb::launch_topk<__nv_bfloat16, 8, kdb::vocab::kMask, 0, false>},   // round 2 (+ bounds)
     {"lane/512", kdb::launch_topk<__nv_bfloat16, 8, kdb::vocab::kLane, 512, false>},
-    {"lanex/512", kdb::launch_topk<__nv_bfloat16, 8, kdb::vocab::kLaneX, 512, false>},  // s18: no second barrier
     {"lane/512/sample", kdb::launch_topk<__nv_bfloat16, 8, kdb::vocab::kLane, 512, true>},
     {"probe", kdb::launch_topk<__nv_bfloat16, 8, kdb::vocab::kProbe, 0, false>},  // admits nothing: not checked
     {"no_pdl", shipped_no_pdl},        // round 4 without programmatic dependent launch
@@ -113,7 +112,7 @@ constexpr int L = 15, V = 163840, kRounds = 15;
 struct Shape { int batch, k; bool rising; };
 const Shape kShapes[] = {{32, 256, false}, {32, 16, false}, {1, 64, false}, {8, 64, false}, {64, 16, false},
                          {32, 1024, false}, {1, 16, false}, {32, 256, true}, {32, 1024, true}, {64, 1024, false},
-                         {32, 512, false}, {64, 256, false}};
+                         {32, 512, false}};
 
 uint16_t to_bf16(float f) {  // round to nearest even (finite inputs)
   uint32_t u;
