@@ -1,6 +1,6 @@
-// kv_compact's bulk path (sm_90a, device code; include from .cu files only): one warp per (group of requests, chunk of
-// layers) moves whole rows with the copy engine's bulk copies (cp.async.bulk) through shared memory: every moved row
-// of a batch loaded on one mbarrier, then stored, instead of a thread per 16-byte column vector. Same skip rules and
+// kv_compact's bulk path (sm_90a, device code; include from .cu files only): one warp per (request, chunk of layers)
+// moves whole rows with the copy engine's bulk copies (cp.async.bulk) through shared memory: every moved row of a
+// batch loaded on one mbarrier, then stored, instead of a thread per 16-byte column vector. Same skip rules and
 // in-place order as kv_compact_kernel.h (every load of a row set lands before any of its stores; ballot groups go
 // in ascending slots). Shared by the launcher (kv_compact.cu) and reports/h200/kv_compact_bench.cu.
 // Design, the in-place proof and the figures: plans/0004-kernels.md "## kv_compact".
@@ -15,33 +15,23 @@ namespace kdb {
 
 constexpr int kKvBulkSmemBytes = 45 * 1024;  // most dynamic smem a CTA takes (<= 48 KB with the statics: no opt-in)
 
-// Launch shape: a CTA (one warp) owns requests [b0, b0 + requests_per_cta) and layers [l0, l0 + layers_per_cta), every
-// byte of those rows, and moves them in batches of rows_per_batch rows through `stages` shared buffers (2: the loads
-// of batch i + 1 run under the stores of batch i). Shared memory per CTA = stages * rows_per_batch * row_bytes <=
-// kKvBulkSmemBytes. More requests per CTA fill its batches with several requests' rows (fewer CTAs, fewer round trips).
-constexpr int kKvBulkMaxRequests = 4;  // requests_per_cta <= this (their indices live in registers)
-constexpr int kKvBulkList = 128;       // moved rows listed before a CTA moves them (4 requests x 32 slots)
+// Launch shape: a CTA (one warp) owns request b and layers [l0, l0 + layers_per_cta), every byte of those rows, and
+// moves them in batches of rows_per_batch rows through `stages` shared buffers (2: the loads of batch i + 1 run under
+// the stores of batch i). Shared memory per CTA = stages * rows_per_batch * row_bytes <= kKvBulkSmemBytes.
 struct KvBulkGeometry {
   int64_t row_bytes;
   int rows_per_batch;
-  int stages;            // 1 or 2
+  int stages;          // 1 or 2
   int layers_per_cta;
-  int requests_per_cta;  // 1..kKvBulkMaxRequests
-  bool late_index;       // the bench's A/B only: slots 0..31 loaded after accept_len (as until s17), not with it
-  int64_t groups;        // ceil(batch / requests_per_cta)
-  int64_t ctas;          // groups * ceil(layers / layers_per_cta)
+  bool late_index;     // the bench's A/B only: slots 0..31 loaded after accept_len (as until s17), not with it
+  int64_t ctas;        // batch * ceil(layers / layers_per_cta)
   size_t smem_bytes() const { return size_t(stages) * size_t(rows_per_batch) * size_t(row_bytes); }
 };
 
-// What the launcher takes (s18): one request and one layer per CTA and 16-row batches (every moved row of a depth-15
-// tree's path in one batch), the fastest shape of s17's sweep (plans/0004 "## kv_compact"); the bench's rows force
-// others (> 0 each).
-constexpr int kKvBulkLayersPerCta = 1, kKvBulkRequestsPerCta = 1, kKvBulkRows = 16, kKvBulkStages = 1;
-struct KvBulkShape {
-  int layers_per_cta = 0, rows_per_batch = 0, stages = 0;
-  bool late_index = false;
-  int requests_per_cta = 0;
-};
+// What the launcher takes (s18): one layer per CTA and 16-row batches (every moved row of a depth-15 tree's path in
+// one batch), the fastest shape of s17's sweep (plans/0004 "## kv_compact"); the bench's rows force others (> 0 each).
+constexpr int kKvBulkLayersPerCta = 1, kKvBulkRows = 16, kKvBulkStages = 1;
+struct KvBulkShape { int layers_per_cta = 0, rows_per_batch = 0, stages = 0; bool late_index = false; };
 inline KvBulkGeometry kv_bulk_geometry(const KvCompactArgs& a, KvBulkShape want = {}) {
   KvBulkGeometry g;
   g.row_bytes = std::max<int64_t>(int64_t(a.dim) * a.element_bytes, 1);
@@ -50,35 +40,29 @@ inline KvBulkGeometry kv_bulk_geometry(const KvCompactArgs& a, KvBulkShape want 
   g.stages = std::clamp(want.stages > 0 ? want.stages : kKvBulkStages, 1, std::min(2, most_rows / g.rows_per_batch));
   const int lpc = want.layers_per_cta > 0 ? want.layers_per_cta : kKvBulkLayersPerCta;
   g.layers_per_cta = std::clamp(lpc, 1, std::max(a.layers, 1));
-  const int rpc = want.requests_per_cta > 0 ? want.requests_per_cta : kKvBulkRequestsPerCta;
-  g.requests_per_cta = std::clamp(rpc, 1, kKvBulkMaxRequests);
   g.late_index = want.late_index;
-  g.groups = ceil_div(int64_t(a.batch), int64_t(g.requests_per_cta));
-  g.ctas = g.groups * ceil_div(a.layers, g.layers_per_cta);
+  g.ctas = int64_t(a.batch) * ceil_div(a.layers, g.layers_per_cta);
   return g;
 }
 
-// The bulk path applies to rows a batch holds whose bytes and base are 16-byte aligned, in layers of < 2^31 rows (a
-// moved row is listed as its row index within its layer, b * S + past + slot).
+// The bulk path applies to rows a batch holds whose bytes and base are 16-byte aligned.
 inline bool kv_bulk_fits(const KvCompactArgs& a) {
   const int64_t row_bytes = int64_t(a.dim) * a.element_bytes;
-  return row_bytes % 16 == 0 && reinterpret_cast<uintptr_t>(a.cache) % 16 == 0 && row_bytes <= kKvBulkSmemBytes &&
-         int64_t(a.batch) * a.seq <= INT32_MAX;
+  return row_bytes % 16 == 0 && reinterpret_cast<uintptr_t>(a.cache) % 16 == 0 && row_bytes <= kKvBulkSmemBytes;
 }
 
 struct KvBulkCta {  // what one CTA moves
   const KvCompactArgs& a;
   const KvBulkGeometry& g;
-  int l0, layers;
-  __device__ __forceinline__ uint8_t* row(int l, int r) const {  // row r (= b * S + past + slot) of layer l0 + l
-    return static_cast<uint8_t*>(a.cache) + (int64_t(l0 + l) * a.batch * a.seq + r) * g.row_bytes;
+  int b, l0, layers, past;
+  __device__ __forceinline__ uint8_t* row(int l, int r) const {  // row r of (layer l0 + l, request b)
+    return static_cast<uint8_t*>(a.cache) + ((int64_t(l0 + l) * a.batch + b) * a.seq + past + r) * g.row_bytes;
   }
 };
 
-// The n rows listed in from / to (the moved slots of a CTA's ballots, each request's in ascending slots) of every
-// layer of the CTA, as items in layer-major order, cut into batches of g.rows_per_batch. Item i of a batch sits in
-// slot i of its buffer and lane i % 32 loads and stores it, so a lane's bulk_wait_read covers every store out of the
-// slots it reloads.
+// The n rows listed in from / to (the moved slots of one ballot) of every layer of the CTA, as items in layer-major
+// order, cut into batches of g.rows_per_batch. Item i of a batch sits in slot i of its buffer and lane i % 32 loads
+// and stores it, so a lane's bulk_wait_read covers every store out of the slots it reloads.
 struct KvBulkItems {
   const KvBulkCta& c;
   const int *from, *to;
@@ -110,8 +94,7 @@ struct KvBulkItems {
 
 // Every batch's loads land before any of its stores issue, and the waits go in batch order, so a store never
 // overwrites a row an earlier item still has to read. A later item's load may run ahead of earlier stores: its
-// source accepted[k] >= k lies above every earlier destination k' < k of its request, and other requests' and
-// layers' rows are disjoint from its own (plans/0004 "## kv_compact", Sessions 17 and 18).
+// source accepted[k] >= k lies above every earlier destination k' < k (plans/0004 "## kv_compact", Session 17).
 // With 2 stages the loads of batch j + 1 go out once the stores of batch j - 1 (same buffer) have read it; parity:
 // one bit per buffer.
 __device__ __forceinline__ void kv_bulk_rows(const KvBulkItems& it, uint32_t& parity) {
@@ -129,62 +112,38 @@ __device__ __forceinline__ void kv_bulk_rows(const KvBulkItems& it, uint32_t& pa
   __syncwarp();  // the next ballot's loads overwrite these slots
 }
 
-// A CTA's requests' indices: slots 0..31 of each load with its past and accept_len (one dependent round trip fewer
-// before the first bulk load), later slots as their ballots come.
-struct KvBulkRequests {
-  int n, src0[kKvBulkMaxRequests], past[kKvBulkMaxRequests], len[kKvBulkMaxRequests];
-  __device__ __forceinline__ KvBulkRequests(const KvCompactArgs& a, const KvBulkGeometry& g, int b0) {
-    const int lane = threadIdx.x & 31;
-    n = min(g.requests_per_cta, a.batch - b0);
-#pragma unroll
-    for (int q = 0; q < kKvBulkMaxRequests; ++q) {
-      if (q >= n) break;
-      const int b = b0 + q;
-      src0[q] = lane < a.width && !g.late_index ? __ldg(a.accepted + int64_t(b) * a.width + lane) : lane;
-      past[q] = __ldg(a.past_lens + b), len[q] = min(__ldg(a.accept_len + b), a.width);
-    }
-  }
-};
-
 // grid = g.ctas CTAs of 32 threads, g.smem_bytes() of dynamic shared memory.
 __global__ void __launch_bounds__(32) kv_compact_bulk_kernel(KvCompactArgs a, KvBulkGeometry g) {
   extern __shared__ __align__(128) uint8_t kvb_smem[];
   __shared__ __align__(8) uint64_t bar_words[2];
-  __shared__ int from[kKvBulkList], to[kKvBulkList];  // moved rows as b * S + past + slot
+  __shared__ int from[32], to[32];
   const int lane = threadIdx.x & 31;
-  const int b0 = int(blockIdx.x % g.groups) * g.requests_per_cta, l0 = int(blockIdx.x / g.groups) * g.layers_per_cta;
+  const int b = int(blockIdx.x % a.batch), l0 = int(blockIdx.x / a.batch) * g.layers_per_cta;
   const uint32_t bar0 = smem_addr(&bar_words[0]), bar1 = smem_addr(&bar_words[1]);
   if (lane == 0) mbar_init(bar0, 1), mbar_init(bar1, 1), fence_mbar_init();
   __syncwarp();
   pdl_wait();  // a programmatic dependent: no global read before the previous kernel (which wrote the indices) is done
   pdl_launch_dependents();
-  const KvBulkRequests req(a, g, b0);
-  const KvBulkCta c{a, g, l0, min(g.layers_per_cta, a.layers - l0)};
+  const int32_t* acc = a.accepted + int64_t(b) * a.width;
+  // slots 0..31 load with past and accept_len: one dependent round trip fewer before the first bulk load
+  int src = lane < a.width && !g.late_index ? __ldg(acc + lane) : lane;
+  const int past = __ldg(a.past_lens + b), len = min(__ldg(a.accept_len + b), a.width);
+  const KvBulkCta c{a, g, b, l0, min(g.layers_per_cta, a.layers - l0), past};
   uint32_t parity = 0;
-  int n = 0;  // rows listed
-#pragma unroll
-  for (int q = 0; q < kKvBulkMaxRequests; ++q) {
-    if (q >= req.n) break;
-    const int32_t* acc = a.accepted + int64_t(b0 + q) * a.width;
-    const int64_t row0 = int64_t(b0 + q) * a.seq + req.past[q];  // < B * S <= 2^31 - 1 for every moved slot
-    for (int base = 0; base < req.len[q]; base += 32) {  // 32 accepted slots per ballot, ascending
-      const int k = base + lane;
-      const int src = base > 0 || g.late_index ? (k < a.width ? __ldg(acc + k) : k) : req.src0[q];
-      const bool moves = kv_slot_moves(k, req.len[q], src, req.past[q], a.seq);  // rows outside the cache: untouched
-      const uint32_t mask = __ballot_sync(kFullMask, moves);
-      if (n + __popc(mask) > kKvBulkList) {  // the list is full: move what it holds first
-        kv_bulk_rows(KvBulkItems{c, from, to, n, c.layers * n, kvb_smem, bar0, bar1}, parity);
-        n = 0;
-      }
-      if (moves) {
-        const int r = n + __popc(mask & ((1u << lane) - 1u));  // rank among the listed rows
-        from[r] = int(row0 + src), to[r] = int(row0 + k);
-      }
-      n += __popc(mask);
-      __syncwarp();
+  for (int base = 0; base < len; base += 32) {  // 32 accepted slots per ballot, ascending
+    const int k = base + lane;
+    if (base > 0 || g.late_index) src = k < a.width ? __ldg(acc + k) : k;
+    const bool moves = kv_slot_moves(k, len, src, past, a.seq);  // rows outside the cache are not touched
+    const uint32_t mask = __ballot_sync(kFullMask, moves);
+    if (moves) {
+      const int r = __popc(mask & ((1u << lane) - 1u));  // rank among the moved slots
+      from[r] = src, to[r] = k;
     }
+    __syncwarp();
+    const int n = __popc(mask);
+    if (n) kv_bulk_rows(KvBulkItems{c, from, to, n, c.layers * n, kvb_smem, bar0, bar1}, parity);
+    __syncwarp();  // from / to are rewritten by the next ballot
   }
-  if (n) kv_bulk_rows(KvBulkItems{c, from, to, n, c.layers * n, kvb_smem, bar0, bar1}, parity);
 }
 
 // Needs kv_bulk_fits(a) and an sm_90a build. A programmatic dependent of the stream's previous kernel (launch_pdl;

@@ -96,9 +96,9 @@ const Launch kVector = by_vector<New<1, 16, true>::F>;  // the launcher's vector
 
 // The bulk path with L layers per CTA, R rows per batch and S stages where the rows allow it (else the vector kernel,
 // as the launcher does); R = 40 is one 45 KB batch (the s16 shape: 4 CTAs per SM), smaller R lets more CTAs reside.
-template <int L, int R, int S, bool kLateIndex = false, int Q = 1> struct Bulk {
+template <int L, int R, int S, bool kLateIndex = false> struct Bulk {
   static cudaError_t go(const KvCompactArgs& a, cudaStream_t s) {
-    return kdb::kv_bulk_fits(a) ? kdb::kv_compact_bulk_launch(a, s, {L, R, S, kLateIndex, Q}) : kVector(a, s);
+    return kdb::kv_bulk_fits(a) ? kdb::kv_compact_bulk_launch(a, s, {L, R, S, kLateIndex}) : kVector(a, s);
   }
 };
 
@@ -126,16 +126,10 @@ const Variant kVariants[] = {
     {"bulk_l1_r16_s1_late_no_pdl", no_pdl<Bulk<1, 16, 1, true>::go>},
     {"bulk_l1_r16_s1_late", Bulk<1, 16, 1, true>::go},
     {"bulk_l2_r40_s1", Bulk<2, 40, 1>::go},
+    {"bulk_l2_r16_s1", Bulk<2, 16, 1>::go},
     {"bulk_l1_r16_s1", Bulk<1, 16, 1>::go},
     {"bulk_l1_r8_s1", Bulk<1, 8, 1>::go},
-    // _qN: N requests per CTA, their moved rows listed together and moved in shared batches (s18)
-    {"bulk_l1_r16_s1_q2", Bulk<1, 16, 1, false, 2>::go},
-    {"bulk_l1_r16_s1_q3", Bulk<1, 16, 1, false, 3>::go},
-    {"bulk_l1_r16_s1_q4", Bulk<1, 16, 1, false, 4>::go},
-    {"bulk_l1_r24_s1_q3", Bulk<1, 24, 1, false, 3>::go},
-    {"bulk_l1_r32_s1_q4", Bulk<1, 32, 1, false, 4>::go},
-    {"bulk_l1_r16_s2_q4", Bulk<1, 16, 2, false, 4>::go},
-    {"bulk_l1_r8_s2_q2", Bulk<1, 8, 2, false, 2>::go},
+    {"bulk_l1_r4_s2", Bulk<1, 4, 2>::go},
 };
 
 // ---- inputs ------------------------------------------------------------------------------------------
