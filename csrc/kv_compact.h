@@ -29,4 +29,12 @@ __host__ __device__ inline bool kv_slot_moves(int k, int len, int src, int past,
   return k < len && src != k && src >= 0 && past >= 0 && src < seq - past && k < seq - past;
 }
 
+#ifdef __CUDACC__
+// Slot k's source, accepted[k] of a request's row acc (k itself at and beyond the width, a slot kv_slot_moves
+// never moves). Both kernels read their slots with it.
+__device__ __forceinline__ int kv_slot_source(const int32_t* acc, int width, int k) {
+  return k < width ? __ldg(acc + k) : k;
+}
+#endif
+
 }  // namespace kdb

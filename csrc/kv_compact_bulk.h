@@ -126,13 +126,13 @@ __global__ void __launch_bounds__(32) kv_compact_bulk_kernel(KvCompactArgs a, Kv
   pdl_launch_dependents();
   const int32_t* acc = a.accepted + int64_t(b) * a.width;
   // slots 0..31 load with past and accept_len: one dependent round trip fewer before the first bulk load
-  int src = lane < a.width && !g.late_index ? __ldg(acc + lane) : lane;
+  int src = g.late_index ? lane : kv_slot_source(acc, a.width, lane);
   const int past = __ldg(a.past_lens + b), len = min(__ldg(a.accept_len + b), a.width);
   const KvBulkCta c{a, g, b, l0, min(g.layers_per_cta, a.layers - l0), past};
   uint32_t parity = 0;
   for (int base = 0; base < len; base += 32) {  // 32 accepted slots per ballot, ascending
     const int k = base + lane;
-    if (base > 0 || g.late_index) src = k < a.width ? __ldg(acc + k) : k;
+    if (base > 0 || g.late_index) src = kv_slot_source(acc, a.width, k);
     const bool moves = kv_slot_moves(k, len, src, past, a.seq);  // rows outside the cache are not touched
     const uint32_t mask = __ballot_sync(kFullMask, moves);
     if (moves) {

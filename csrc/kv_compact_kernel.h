@@ -93,10 +93,10 @@ __global__ void __launch_bounds__(kKvCompactMaxThreads) kv_compact_kernel(KvComp
         rows[i] = reinterpret_cast<Vec*>(a.cache) + ((int64_t(l0 + l) * a.batch + b) * a.seq) * g.vecs + (c - l * g.vecs);
       }
       // slots 0..31 are loaded before len is known (one dependent round trip fewer at the CTA's start)
-      int src = lane < a.width ? __ldg(acc + lane) : lane;
+      int src = kv_slot_source(acc, a.width, lane);
       for (int base = 0; base < len; base += 32) {  // 32 accepted slots per ballot, ascending
         const int k = base + lane;
-        if (base > 0) src = k < a.width ? __ldg(acc + k) : k;
+        if (base > 0) src = kv_slot_source(acc, a.width, k);
         const bool moves = kv_slot_moves(k, len, src, past, a.seq);  // rows outside the cache are not touched
         uint32_t mask = __ballot_sync(kFullMask, moves);
         while (mask) copy_group<Vec, kCpt, kGroup, kStream>(rows, live, mask, src, base, past, g.vecs);
