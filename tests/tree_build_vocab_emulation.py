@@ -13,6 +13,8 @@ CAP = 6144                              # vocab::kCap keys of shared memory
 COMPACT_AT = CAP - CHUNK                # capacity: prune when more than this are held
 MARK_MIN = 512                          # kMarkShipped: prune already at max(2k, 512) held (prune_mark)
 SAMPLE_MIN_K, SAMPLE_MIN_CHUNKS = 512, 8  # kSampleMinK (launcher), kSampleMinChunks
+STEP, SLICE = 32 * PER, CAP // WARPS         # ws::kStep logits a warp step, ws::kSlice keys a warp
+WS_MAX_K, WS_MARK_MIN, WS_BITS = SLICE - STEP, 128, 7  # ws::kMaxK, ws::kMarkMin, the warp select's digit width
 H200_SMS = 132
 MAX_AUTO_SPLITS = 8                     # tree_build_topk_plan's kMaxAutoSplits
 U64 = np.uint64
@@ -25,11 +27,13 @@ class Device:
     bounds=False admits and prunes as that code did (the whole first chunk, merges from key 1, prunes only at
     COMPACT_AT), before first_bound, merge_bound and the prune mark (2026-12-01 s4). The shipped kernel (kLane)
     gives slots in any lane and warp order; the emulation permutes warps (lanes in order), and the result must
-    not depend on either: keys are distinct and every selection is by key value."""
+    not depend on either: keys are distinct and every selection is by key value. In the warp stream the order
+    is that of the warps' steps (which warp reads the others' posted bounds when)."""
     warp_order: str = "random"
     guarded: bool = True
     bounds: bool = True
     seed: int = 0
+    warp_stream: bool = True  # rows of k <= WS_MAX_K take topk_warp_kernel (False: KDB_TOPK_WARP=0)
 
 
 def make_keys(x: np.ndarray, ids: np.ndarray) -> np.ndarray:
@@ -47,22 +51,22 @@ def value_of(key_hi: int) -> np.float32:
     return np.float32(-np.inf) if np.isnan(f) else f
 
 
-def radix_select_ge(keys: np.ndarray, k: int, tie_slack: int, dev: Device) -> tuple[int, int]:
-    """radix_select_ge: (t, kept), the device's digit windows and exits. The device trusts `kept` as the count of
-    keys >= t; callers check that."""
+def radix_select_ge(keys: np.ndarray, k: int, tie_slack: int, dev: Device, bits: int = 8) -> tuple[int, int]:
+    """radix_select_ge (bits 8) or ws::warp_select_ge (bits 7): (t, kept), the device's digit windows and exits.
+    The device trusts `kept` as the count of keys >= t; callers check that."""
     o, a = int(np.bitwise_or.reduce(keys)), int(np.bitwise_and.reduce(keys))
     vary, common, m64 = o ^ a, a, (1 << 64) - 1
     prefix = mask = 0
     krem = k
     while vary & ~mask & m64:
         hi = (vary & ~mask & m64).bit_length() - 1
-        shift = max(hi - 7, 32 if hi >= 32 else 0)      # digits never straddle the value / id words
+        shift = max(hi - (bits - 1), 32 if hi >= 32 else 0)  # digits never straddle the value / id words
         dmask = (2 << (hi - shift)) - 1
         match = keys[(keys & U64(mask)) == U64(prefix)]
-        hist = np.bincount(((match >> U64(shift)) & U64(dmask)).astype(np.int64), minlength=256)[::-1]
+        hist = np.bincount(((match >> U64(shift)) & U64(dmask)).astype(np.int64), minlength=1 << bits)[::-1]
         incl = np.cumsum(hist)                          # keys from the top bin down (find_digit)
         i = int(np.argmax(incl >= krem))
-        prefix |= (255 - i) << shift
+        prefix |= ((1 << bits) - 1 - i) << shift
         mask |= dmask << shift
         krem -= int(incl[i] - hist[i])
         binc = int(hist[i])
@@ -183,6 +187,84 @@ def stream_block(x: np.ndarray, c0: int, c1: int, k: int, vw: int, rng: np.rando
     return _finish_sorted(held, k, rng, dev)
 
 
+def _warp_step(x: np.ndarray, g: int, vw: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Warp step g as the lanes hold it: (idx, valid, vals), each [32, PER]: chunk_index<VW, 32>(g, j)."""
+    j, lane = np.arange(PER)[None, :], np.arange(32)[:, None]
+    idx = g * STEP + (j // vw) * (32 * vw) + lane * vw + j % vw
+    valid = idx < x.size
+    return idx, valid, np.where(valid, x[np.minimum(idx, x.size - 1)], np.float32(-np.inf))
+
+
+class _Warp:
+    """ws::WarpStream of one warp: its slice (slot order), own threshold, and the block's posted bound."""
+
+    def __init__(self, k: int, block: dict):
+        self.k, self.mark, self.block = k, max(2 * k, WS_MARK_MIN), block
+        self.keys, self.thr, self.first = np.zeros(0, U64), np.float32(-np.inf), True
+
+    def cut(self, slack: int, why: str) -> None:
+        t, kept = radix_select_ge(self.keys, self.k, slack, Device(), WS_BITS)
+        self.keys = self.keys[self.keys >= U64(t)]                 # warp_cut keeps slot order
+        self.block[why] += 1
+        assert self.keys.size == kept, "warp_cut: kept != keys >= t"
+        v = value_of(t >> 32)
+        self.thr = max(self.thr, np.nextafter(v, np.float32(np.inf)))
+        self.block["bound"] = max(self.block["bound"], v)
+
+    def consume(self, x: np.ndarray, g: int, vw: int) -> None:
+        idx, valid, vals = _warp_step(x, g, vw)
+        mc = vals.max(axis=1)
+        if self.first:
+            self.first = False
+            if self.k <= 32:
+                self.thr = np.float32(np.where(np.isnan(mc), np.float32(-np.inf), mc).min())
+        t = max(self.thr, self.block["bound"])
+        if not (mc >= t).any():
+            return
+        ok = valid & (vals >= t)
+        if self.keys.size + int(ok.sum()) > SLICE:
+            self.cut(WS_MAX_K - self.k, "capacity")
+            t = max(self.thr, self.block["bound"])
+            ok = valid & (vals >= t)
+        self.keys = np.concatenate([self.keys, make_keys(vals[ok], idx[ok])])  # lane order, then j
+        if self.keys.size > self.mark:
+            self.cut(self.k // 2, "mark")
+
+
+def _warp_schedule(steps: list[list[int]], rng: np.random.Generator, dev: Device) -> list[tuple[int, int]]:
+    """(warp, step) in the order the warps run them: each warp's own steps in order, the warps interleaved."""
+    if dev.warp_order in ("asc", "desc"):
+        ws = range(WARPS) if dev.warp_order == "asc" else range(WARPS - 1, -1, -1)
+        return [(w, g) for w in ws for g in steps[w]]
+    owner = np.concatenate([np.full(len(st), w) for w, st in enumerate(steps)]).astype(int)
+    rng.shuffle(owner)
+    nxt = [0] * WARPS
+    out = []
+    for w in owner:
+        out.append((w, steps[w][nxt[w]]))
+        nxt[w] += 1
+    return out
+
+
+def stream_warps(x: np.ndarray, c0: int, c1: int, k: int, vw: int, rng: np.random.Generator, dev: Device,
+                 stats: dict | None = None):
+    """topk_warp_kernel for one (row, split) block over chunks [c0, c1): warp w streams steps g0 + w + 8 i, the
+    warps' final cuts, the gather in warp order, finish_sorted. stats counts the warps' cuts by cause."""
+    nsteps, nfull = -(-x.size // STEP), (x.size // STEP if vw > 1 else 0)
+    g0, g1 = c0 * WARPS, min(c1 * WARPS, nsteps)
+    block = {"bound": np.float32(-np.inf), "capacity": 0, "mark": 0, "final": 0}
+    warps = [_Warp(k, block) for _ in range(WARPS)]
+    for w, g in _warp_schedule([list(range(g0 + w, g1, WARPS)) for w in range(WARPS)], rng, dev):
+        warps[w].consume(x, g, vw if g < nfull else 1)
+    for wp in warps:
+        if wp.keys.size > k:
+            wp.cut(WS_MAX_K - k, "final")
+        assert wp.keys.size <= WS_MAX_K, "a warp keeps <= kMaxK keys for the gather"
+    for why in ("capacity", "mark", "final") if stats is not None else ():
+        stats[why] = stats.get(why, 0) + block[why]
+    return _finish_sorted(np.concatenate([wp.keys for wp in warps]), k, rng, dev)
+
+
 def merge(parts: np.ndarray, k: int, rng: np.random.Generator, dev: Device) -> np.ndarray:
     """merge_kernel since round 4 (2026-12-01 s5): the top k of the splits' sorted, 0-padded lists, sorted
     descending (merge_sorted_lists, a tree of bitonic merges; its own code runs on the host in
@@ -226,7 +308,8 @@ def topk_tokens(x: np.ndarray, k: int, forced: int, dev: Device, elem_bytes: int
     out = np.zeros((rows, k), np.int64)
     for r in range(rows):
         xr = x[r].astype(np.float32)
-        parts = [stream_block(xr, s * cps, min(nchunks, (s + 1) * cps), k, vw, rng, dev, stats) for s in range(splits)]
+        block = stream_warps if dev.warp_stream and k <= WS_MAX_K else stream_block
+        parts = [block(xr, s * cps, min(nchunks, (s + 1) * cps), k, vw, rng, dev, stats) for s in range(splits)]
         keys = parts[0] if splits == 1 else merge(np.concatenate(parts), k, rng, dev)
         out[r] = (~(keys & U64(0xFFFFFFFF)).astype(np.uint32)).astype(np.int64)
     return out
