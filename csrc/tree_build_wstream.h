@@ -163,9 +163,9 @@ struct WarpStream {
       t = fmaxf(thr, posted());
       n = count<VW>(x, valid, t), tot = __reduce_add_sync(kFullMask, unsigned(n));
     }
+    int slot = held + warp_inclusive_scan(n, threadIdx.x & 31) - n;  // all lanes: the scan's shuffles need them
     if (n > 0) {
       uint64_t* keys = slice();
-      int slot = held + warp_inclusive_scan(n, threadIdx.x & 31) - n;
 #pragma unroll
       for (int j = 0; j < kPer; ++j) {
         if (((valid >> j) & 1u) && x[j] >= t) keys[slot++] = make_key(x[j], uint32_t(chunk_index<VW, 32>(g, j)));
