@@ -258,10 +258,10 @@ cudaError_t launch_topk(const TopkArgs& a, cudaStream_t stream) {
 }
 
 // The warp-local stream (tree_build_wstream.h) with the same merge.
-template <typename T, int VW>
+template <typename T, int VW, bool kAddMark = false>
 cudaError_t launch_topk_warp(const TopkArgs& a, cudaStream_t stream) {
   const size_t smem = vocab::kCap * sizeof(uint64_t);
-  auto* kernel = vocab::topk_warp_kernel<T, VW>;
+  auto* kernel = vocab::topk_warp_kernel<T, VW, kAddMark>;
   KDB_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
   kernel<<<unsigned(a.rows * a.splits), vocab::kThreads, smem, stream>>>(a);
   KDB_LAUNCH_CHECK();

@@ -128,8 +128,9 @@ __device__ __forceinline__ int admit(uint64_t* keys, TopkSmem& sm, const float (
 // block is >= t. Each warp takes the kw-th largest of its lanes' chunk maxima (kw lanes hold a logit >= it;
 // kWarps * kw >= k), t is the smallest of those. It replaces admitting the whole first chunk (4096 keys and a
 // prune of them) with fewer: on N(0, 3) logits ~36 at k 16, ~112 at k 64, ~250 at k 128, ~1250 at k 256.
-__device__ float first_bound(float chunk_max, int k, TopkSmem& sm) {
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, kw = ceil_div(k, kWarps);
+// All lanes, 1 <= kw <= 32: the kw-th largest of the lanes' chunk maxima (NaN as -inf); kw lanes hold a logit >= it.
+__device__ __forceinline__ float warp_kth_max(float chunk_max, int kw) {
+  const int lane = threadIdx.x & 31;
   const float v = isnan(chunk_max) ? -INFINITY : chunk_max;
   int rank = 0;  // lanes before this one in (value desc, lane asc): ranks are 0..31, each once
 #pragma unroll
@@ -138,7 +139,12 @@ __device__ float first_bound(float chunk_max, int k, TopkSmem& sm) {
     rank += (u > v || (u == v && i < lane)) ? 1 : 0;
   }
   const unsigned who = __ballot_sync(kFullMask, rank == kw - 1);
-  const float tw = __shfl_sync(kFullMask, v, __ffs(who) - 1);
+  return __shfl_sync(kFullMask, v, __ffs(who) - 1);
+}
+
+__device__ float first_bound(float chunk_max, int k, TopkSmem& sm) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const float tw = warp_kth_max(chunk_max, ceil_div(k, kWarps));
   if (lane == 0) sm.red_t[warp] = tw;
   __syncthreads();
   float t = sm.red_t[0];

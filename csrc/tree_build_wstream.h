@@ -1,10 +1,11 @@
 // The warp-local stream of the tree_build vocabulary pass, k <= ws::kMaxK (included by tree_build.cu only).
-// Every warp of a (row, split) block streams its own 512-logit steps with no block barrier, keeps its candidates
-// in a private slice of the key buffer and prunes them alone (a warp radix select). A warp's top-k of what it has
-// read is a superset of its share of the block's top-k, and the value of its k-th kept key is a lower bound of
-// the block's k-th: posted by a shared atomicMax, the other warps read it without a barrier. At the end every
-// warp cuts its slice to its top keys, the block gathers them and finishes as topk_kernel does.
-// plans/0004 "tree_build", Session 19.
+// Every warp of a (row, split) block streams its own 512-logit steps with no block barrier and keeps its candidates
+// in a private slice of the key buffer, pruned by a warp radix select. The admission bound is shared: with P warps
+// streaming and m = ceil(k / P), a warp whose read logits hold m keys >= b posts b (the value of its m-th held key),
+// and the smallest posted b is a lower bound of the block's k-th logit (the P warps hold P m >= k keys above it),
+// read without a barrier (a stale post is smaller, so still a bound). A warp also keeps its own top-k bound for
+// capacity (a slice that would overflow is cut to its top k). At the end the slices are filtered by the final
+// bound and gathered, and the block finishes as topk_kernel does. plans/0004 "tree_build", Session 19.
 #pragma once
 #include "tree_build_vocab.h"
 
@@ -16,12 +17,12 @@ constexpr int kStep = 32 * kPer;       // 512 logits per warp step
 constexpr int kSlice = kCap / kWarps;  // 768 keys per warp
 constexpr int kMaxK = kSlice - kStep;  // 256: a slice cut to k keys takes a whole step
 constexpr int kWBins = 128;            // 7-bit digits: eight warps' histograms fit beside the keys at 4 blocks/SM
-constexpr int kMarkMin = 128;          // a warp prunes once it holds more than max(2k, kMarkMin) keys
+constexpr int kMarkMin = 32;  // a warp cuts once it holds more than its mark (WarpStream::set_mark)
 static_assert(kWBins % 32 == 0 && kMaxK % 32 == 0 && kMaxK >= 32, "ws layout");
 
 struct WarpSmem {
   uint32_t hist[kWarps][kWBins];
-  uint32_t bound;  // order key of the largest posted warp bound; every block top-k logit is >= its value
+  uint32_t bound[kWarps];  // order key of each warp's posted b (+inf: a warp with no steps)
 };
 // The block's warp state in shared memory (topk_warp_kernel only), and the caller warp's slice of the dynamic
 // key buffer: addressed from the warp index rather than held in 64-bit pointers (registers the stream needs).
@@ -35,6 +36,21 @@ __device__ __forceinline__ uint32_t* warp_hist() { return wsm.hist[threadIdx.x >
 __device__ __forceinline__ float value_of(uint64_t key_hi_word) {
   const float v = float_from_order_key(uint32_t(key_hi_word));
   return isnan(v) ? -INFINITY : v;  // a cut inside the value word may zero low bits into a NaN pattern
+}
+
+// The block bound's order key: the smallest posted b (no barrier: posts only rise).
+__device__ __forceinline__ uint32_t block_bound_key() {
+  const volatile uint32_t* b = wsm.bound;
+  uint32_t m = b[0];
+#pragma unroll
+  for (int w = 1; w < kWarps; ++w) m = min(m, b[w]);
+  return m;
+}
+
+// Lane 0 raises this warp's post to the order key of v.
+__device__ __forceinline__ void post(float v) {
+  volatile uint32_t* b = wsm.bound + (threadIdx.x >> 5);
+  if ((threadIdx.x & 31) == 0) *b = max(*b, float_order_key(v));
 }
 
 // The digit (from the top) whose bin holds the krem-th largest matching key; lane l owns bins
@@ -98,44 +114,60 @@ __device__ Selection warp_select_ge(const uint64_t* keys, int n, int k, int tie_
   return {prefix | (common & ~vary), k};  // unreachable, as in radix_select_ge
 }
 
-// Keeps the sel.kept keys >= the selected t of keys[0, n) (moved to the front, in order); returns their count and
-// sets thr_val to t's value. Outlined: rare, and the stream's registers stay its own.
-__device__ __noinline__ int warp_cut(uint64_t* keys, int n, int k, int tie_slack, uint32_t* hist, float& thr_val) {
+// Keeps the keys >= keep of keys[0, n) (moved to the front, in order); returns how many.
+__device__ __forceinline__ int warp_compact(uint64_t* keys, int n, uint64_t keep) {
   __syncwarp();  // the lanes' appends are visible
-  const Selection sel = warp_select_ge(keys, n, k, tie_slack, hist);
   const int lane = threadIdx.x & 31;
   int out = 0;
   for (int base = 0; base < n; base += 32) {  // a round writes below base + 32 and reads [base, base + 32)
     const int i = base + lane;
     const uint64_t v = i < n ? keys[i] : 0;
-    const bool keep = i < n && v >= sel.t;
-    const unsigned bal = __ballot_sync(kFullMask, keep);  // after every lane's read of this round
-    if (keep) keys[out + __popc(bal & ((1u << lane) - 1u))] = v;
+    const bool kept = i < n && v >= keep;
+    const unsigned bal = __ballot_sync(kFullMask, kept);  // after every lane's read of this round
+    if (kept) keys[out + __popc(bal & ((1u << lane) - 1u))] = v;
     out += __popc(bal);
   }
   __syncwarp();
-  thr_val = value_of(sel.t >> 32);
   return out;
 }
 
-// One warp's streaming state; every member but st is warp-uniform.
+// held > the stream's mark: post the value of the m-th held key, then keep the keys >= max(own, the new block
+// bound); returns how many. Outlined (as capacity_cut): rare, and the stream's registers stay its own.
+__device__ __noinline__ int mark_cut(int held, int m, uint64_t own) {
+  const Selection sel = warp_select_ge(slice(), held, m, held, warp_hist());  // any tie stop: a value <= the m-th
+  post(value_of(sel.t >> 32));
+  return warp_compact(slice(), held, max(own, uint64_t(block_bound_key()) << 32));
+}
+
+struct Cut {
+  uint64_t t;  // keys >= t are the warp's top k (ties kept up to kMaxK)
+  int held;
+};
+// held > kMaxK >= k: cut to this warp's top k, post the k-th value (k >= m held keys reach it).
+__device__ __noinline__ Cut capacity_cut(int held, int k, uint64_t own) {
+  const Selection sel = warp_select_ge(slice(), held, k, kMaxK - k, warp_hist());
+  post(value_of(sel.t >> 32));
+  const uint64_t t = max(own, sel.t);
+  return {t, warp_compact(slice(), held, max(t, uint64_t(block_bound_key()) << 32))};
+}
+
+// One warp's streaming state; every member but st is warp-uniform. kAddMark: the next cut once 2m (or kMarkMin)
+// more keys are held than after the last one (the bench's A/B); else once the held keys double (the launcher's).
+template <bool kAddMark>
 struct WarpStream {
-  int k, mark;
-  bool first = true;
-  float thr = -INFINITY;  // admit x >= thr: the warp's own bound (strict after a cut: later ids are larger)
+  int k, m, mark;
+  uint64_t own = 0;           // keys >= own hold this warp's top-k so far (from its capacity cuts)
+  float own_thr = -INFINITY;  // admission after a capacity cut: above own's value (later ids are larger)
   int held = 0;
   LseState st;
 
-  __device__ __forceinline__ float posted() const {  // no barrier: a stale (smaller) bound only admits more
-    return value_of(*reinterpret_cast<volatile uint32_t*>(&wsm.bound));
+  __device__ __forceinline__ void set_mark() {
+    mark = kAddMark ? held + max(2 * m, kMarkMin) : max(max(2 * m, kMarkMin), 2 * held);
   }
-
-  // Cut to the top k (+ ties up to slack), raise thr, post the k-th value; only when held > k.
-  __device__ __forceinline__ void cut(int slack) {
-    float v;
-    held = warp_cut(slice(), held, k, slack, warp_hist(), v);
-    thr = fmaxf(thr, nextafterf(v, INFINITY));
-    if ((threadIdx.x & 31) == 0) atomicMax(&wsm.bound, float_order_key(v));
+  __device__ __forceinline__ void cut_to_k() {
+    const Cut c = capacity_cut(held, k, own);
+    own = c.t, held = c.held, own_thr = fmaxf(own_thr, nextafterf(value_of(c.t >> 32), INFINITY));
+    set_mark();
   }
 
   template <int VW>
@@ -146,21 +178,16 @@ struct WarpStream {
     return n;
   }
 
-  // One step g: LSE, then the lanes' candidates appended to the slice. A step whose candidates would not fit
-  // cuts first (the cut's threshold comes from the keys already held, so it is valid for this step too).
+  // One step g: LSE, then the lanes' candidates x >= max(own_thr, block bound) appended to the slice.
   template <int VW>
   __device__ __forceinline__ void consume(const float (&x)[kPer], unsigned valid, int g) {
     const float mc = st.add(x);
-    if (first) {  // k <= 32: every lane holds a logit >= its max, so 32 >= k logits are >= the smallest max
-      first = false;
-      if (k <= 32) thr = value_of(__reduce_min_sync(kFullMask, float_order_key(isnan(mc) ? -INFINITY : mc)));
-    }
-    float t = fmaxf(thr, posted());
+    float t = fmaxf(own_thr, value_of(block_bound_key()));
     if (!__any_sync(kFullMask, mc >= t)) return;
     int n = count<VW>(x, valid, t), tot = __reduce_add_sync(kFullMask, unsigned(n));
     if (held + tot > kSlice) {
-      cut(kMaxK - k);  // keeps <= kMaxK = kSlice - kStep: the step fits whatever it admits
-      t = fmaxf(thr, posted());
+      cut_to_k();  // keeps <= kMaxK = kSlice - kStep: the step fits whatever it admits
+      t = fmaxf(own_thr, value_of(block_bound_key()));
       n = count<VW>(x, valid, t), tot = __reduce_add_sync(kFullMask, unsigned(n));
     }
     int slot = held + warp_inclusive_scan(n, threadIdx.x & 31) - n;  // all lanes: the scan's shuffles need them
@@ -172,14 +199,33 @@ struct WarpStream {
       }
     }
     held += tot;
-    if (held > mark) cut(k / 2);
+    if (held > mark) held = mark_cut(held, m, own), set_mark();
   }
 };
+
+// The first post of a warp with steps, m <= 32: the m-th largest lane maximum of its first step g (m lanes hold a
+// logit >= it); -inf for m > 32. The stream reads the step again (from L2).
+template <typename T, int VW>
+__device__ __forceinline__ float first_post(const T* row, int V, int g, int nfull, int m) {
+  float x[kPer];
+  unsigned valid;
+  if (VW > 1 && g < nfull) {
+    Raw<T, VW, 32> r;
+    r.load(row, g);
+    r.to_float(x);
+  } else {
+    load_scalar<T, 32>(row, g, V, x, valid);
+  }
+  float mc = x[0];
+#pragma unroll
+  for (int j = 1; j < kPer; ++j) mc = fmaxf(mc, x[j]);
+  return m <= 32 ? warp_kth_max(mc, m) : -INFINITY;
+}
 
 }  // namespace ws
 
 // topk_kernel's contract (same outputs, same split partials) with the warp-local stream; k <= ws::kMaxK.
-template <typename T, int VW>
+template <typename T, int VW, bool kAddMark>
 __global__ void __launch_bounds__(kThreads, 4) topk_warp_kernel(TopkArgs a) {
   extern __shared__ __align__(16) unsigned char topk_smem_raw[];
   uint64_t* keys = reinterpret_cast<uint64_t*>(topk_smem_raw);  // [kCap]: warp w's slice at w * kSlice
@@ -190,16 +236,22 @@ __global__ void __launch_bounds__(kThreads, 4) topk_warp_kernel(TopkArgs a) {
   const int V = a.vocab, k = a.k;
   const T* row = static_cast<const T*>(a.logits) + r * V;
   pdl_launch_dependents();
-  if (threadIdx.x == 0) wsm.bound = float_order_key(-INFINITY), sm.thr_val = -INFINITY, sm.strict = 0;
-  __syncthreads();
+  if (threadIdx.x == 0) sm.thr_val = -INFINITY, sm.strict = 0;
 
-  // Steps of 512 logits: the split's chunks [c0, c1) are steps [c0 * kWarps, c1 * kWarps) of the row.
+  // Steps of 512 logits: the split's chunks [c0, c1) are steps [c0 * kWarps, c1 * kWarps) of the row; warp w takes
+  // g0 + w + kWarps i, so the first P warps have steps.
   const int nsteps = ceil_div(V, ws::kStep), nfull = VW > 1 ? V / ws::kStep : 0;
   const int g0 = split * a.chunks_per_split * kWarps, g1 = min(g0 + a.chunks_per_split * kWarps, nsteps);
-  const int gv = max(g0, min(g1, nfull));
-  ws::WarpStream s{k, max(2 * k, ws::kMarkMin)};
+  const int gv = max(g0, min(g1, nfull)), P = min(kWarps, g1 - g0), m = ceil_div(k, P);
+  const float first = warp < P ? ws::first_post<T, VW>(row, V, g0 + warp, nfull, m) : INFINITY;
+  if (lane == 0) wsm.bound[warp] = float_order_key(first);
+  __syncthreads();
+  ws::WarpStream<kAddMark> s{k, m, 0};
+  s.set_mark();
   stream_chunks<T, VW, 32>(s, row, V, g0, gv, g1);
-  if (s.held > k) s.cut(ws::kMaxK - k);  // <= kMaxK keys a warp: 8 a lane
+  __syncthreads();  // every post is in: the final bound
+  s.held = ws::warp_compact(ws::slice(), s.held, max(s.own, uint64_t(ws::block_bound_key()) << 32));
+  if (s.held > ws::kMaxK) s.cut_to_k();  // <= kMaxK keys a warp: 8 a lane
 
   // Gather the slices to the front (through registers: a warp's destination may overlap another's slice).
   constexpr int kRegs = ws::kMaxK / 32;

@@ -56,9 +56,9 @@ def test_emulated_decoy_restreams_and_stays_exact():
 
 
 @pytest.mark.parametrize("seed, logits, k, causes", [
-    (26, "rising", 256, ("capacity", "final")),  # every step beats the held keys: the slice fills, exact cuts
-    (23, "normal", 64, ("mark", "final")),       # the threshold rises by cuts at max(2k, 128) held keys
-    (17, "ties", 256, ("mark", "final")),        # tied cut values: the tie stop and the id-bit passes
+    (26, "rising", 256, ("capacity", "mark")),  # every step beats the held keys: the slice fills, cuts to the top k
+    (23, "normal", 64, ("mark",)),              # the bound rises by the warps' posts at max(2m, 32, 2 x held)
+    (17, "ties", 256, ("mark",)),               # tied cut values: the tie stops and the id-bit passes
 ])
 def test_emulated_warp_stream_takes_each_cut(seed, logits, k, causes):
     """The warp stream's branches the GPU cases rely on are taken (counted by the emulation), and stay exact."""

@@ -14,7 +14,7 @@ COMPACT_AT = CAP - CHUNK                # capacity: prune when more than this ar
 MARK_MIN = 512                          # kMarkShipped: prune already at max(2k, 512) held (prune_mark)
 SAMPLE_MIN_K, SAMPLE_MIN_CHUNKS = 512, 8  # kSampleMinK (launcher), kSampleMinChunks
 STEP, SLICE = 32 * PER, CAP // WARPS         # ws::kStep logits a warp step, ws::kSlice keys a warp
-WS_MAX_K, WS_MARK_MIN, WS_BITS = SLICE - STEP, 128, 7  # ws::kMaxK, ws::kMarkMin, the warp select's digit width
+WS_MAX_K, WS_MARK_MIN, WS_BITS = SLICE - STEP, 32, 7  # ws::kMaxK, ws::kMarkMin, the warp select's digit width
 H200_SMS = 132
 MAX_AUTO_SPLITS = 8                     # tree_build_topk_plan's kMaxAutoSplits
 U64 = np.uint64
@@ -195,40 +195,69 @@ def _warp_step(x: np.ndarray, g: int, vw: int) -> tuple[np.ndarray, np.ndarray, 
     return idx, valid, np.where(valid, x[np.minimum(idx, x.size - 1)], np.float32(-np.inf))
 
 
+def okey(v: np.float32) -> int:
+    """float_order_key of one float32 (-0 -> +0)."""
+    return int(make_keys(np.array([v], np.float32), np.array([0]))[0] >> U64(32))
+
+
 class _Warp:
-    """ws::WarpStream of one warp: its slice (slot order), own threshold, and the block's posted bound."""
+    """ws::WarpStream of one warp: its slice (slot order), its own top-k key `own`, its post in block['bound']."""
 
-    def __init__(self, k: int, block: dict):
-        self.k, self.mark, self.block = k, max(2 * k, WS_MARK_MIN), block
-        self.keys, self.thr, self.first = np.zeros(0, U64), np.float32(-np.inf), True
+    def __init__(self, k: int, m: int, w: int, block: dict):
+        self.k, self.m, self.w, self.block = k, m, w, block
+        self.keys, self.own, self.own_thr = np.zeros(0, U64), 0, np.float32(-np.inf)
+        self.set_mark()
 
-    def cut(self, slack: int, why: str) -> None:
-        t, kept = radix_select_ge(self.keys, self.k, slack, Device(), WS_BITS)
-        self.keys = self.keys[self.keys >= U64(t)]                 # warp_cut keeps slot order
-        self.block[why] += 1
-        assert self.keys.size == kept, "warp_cut: kept != keys >= t"
-        v = value_of(t >> 32)
-        self.thr = max(self.thr, np.nextafter(v, np.float32(np.inf)))
-        self.block["bound"] = max(self.block["bound"], v)
+    def set_mark(self) -> None:
+        self.mark = max(2 * self.m, WS_MARK_MIN, 2 * self.keys.size)
+
+    def _post(self, t: int) -> None:
+        self.block["bound"][self.w] = max(self.block["bound"][self.w], okey(value_of(t >> 32)))
+
+    def compact(self) -> None:
+        keep = max(self.own, min(self.block["bound"]) << 32)
+        self.keys = self.keys[self.keys >= U64(keep)]                 # warp_compact keeps slot order
+
+    def mark_cut(self) -> None:
+        self._post(radix_select_ge(self.keys, self.m, self.keys.size, Device(), WS_BITS)[0])
+        self.compact()
+        self.block["mark"] += 1
+        self.set_mark()
+
+    def cut_to_k(self) -> None:
+        t, _ = radix_select_ge(self.keys, self.k, WS_MAX_K - self.k, Device(), WS_BITS)
+        self._post(t)
+        self.own = max(self.own, t)
+        self.own_thr = max(self.own_thr, np.nextafter(value_of(self.own >> 32), np.float32(np.inf)))
+        self.compact()
+        assert self.keys.size <= WS_MAX_K, "a capacity cut keeps <= kMaxK keys"
+        self.block["capacity"] += 1
+        self.set_mark()
+
+    def threshold(self) -> np.float32:
+        return max(self.own_thr, value_of(min(self.block["bound"])))
 
     def consume(self, x: np.ndarray, g: int, vw: int) -> None:
         idx, valid, vals = _warp_step(x, g, vw)
-        mc = vals.max(axis=1)
-        if self.first:
-            self.first = False
-            if self.k <= 32:
-                self.thr = np.float32(np.where(np.isnan(mc), np.float32(-np.inf), mc).min())
-        t = max(self.thr, self.block["bound"])
-        if not (mc >= t).any():
+        t = self.threshold()
+        if not (vals.max(axis=1) >= t).any():
             return
         ok = valid & (vals >= t)
         if self.keys.size + int(ok.sum()) > SLICE:
-            self.cut(WS_MAX_K - self.k, "capacity")
-            t = max(self.thr, self.block["bound"])
+            self.cut_to_k()
+            t = self.threshold()
             ok = valid & (vals >= t)
         self.keys = np.concatenate([self.keys, make_keys(vals[ok], idx[ok])])  # lane order, then j
         if self.keys.size > self.mark:
-            self.cut(self.k // 2, "mark")
+            self.mark_cut()
+
+
+def first_post(x: np.ndarray, g: int, vw: int, m: int) -> np.float32:
+    """ws::first_post: the m-th largest lane max of warp step g (NaN as -inf); -inf for m > 32."""
+    if m > 32:
+        return np.float32(-np.inf)
+    mc = _warp_step(x, g, vw)[2].max(axis=1)
+    return np.float32(np.sort(np.where(np.isnan(mc), np.float32(-np.inf), mc))[32 - m])
 
 
 def _warp_schedule(steps: list[list[int]], rng: np.random.Generator, dev: Device) -> list[tuple[int, int]]:
@@ -248,21 +277,29 @@ def _warp_schedule(steps: list[list[int]], rng: np.random.Generator, dev: Device
 
 def stream_warps(x: np.ndarray, c0: int, c1: int, k: int, vw: int, rng: np.random.Generator, dev: Device,
                  stats: dict | None = None):
-    """topk_warp_kernel for one (row, split) block over chunks [c0, c1): warp w streams steps g0 + w + 8 i, the
-    warps' final cuts, the gather in warp order, finish_sorted. stats counts the warps' cuts by cause."""
+    """topk_warp_kernel for one (row, split) block over chunks [c0, c1): the first posts, warp w streaming steps
+    g0 + w + 8 i, the final filter by the block bound, the gather in warp order, finish_sorted. stats counts the
+    warps' cuts by cause and the keys gathered."""
     nsteps, nfull = -(-x.size // STEP), (x.size // STEP if vw > 1 else 0)
     g0, g1 = c0 * WARPS, min(c1 * WARPS, nsteps)
-    block = {"bound": np.float32(-np.inf), "capacity": 0, "mark": 0, "final": 0}
-    warps = [_Warp(k, block) for _ in range(WARPS)]
+    P = min(WARPS, g1 - g0)
+    m = -(-k // P)
+    post = [okey(first_post(x, g0 + w, vw if g0 + w < nfull else 1, m)) if w < P else okey(np.float32(np.inf))
+            for w in range(WARPS)]
+    block = {"bound": post, "capacity": 0, "mark": 0}
+    warps = [_Warp(k, m, w, block) for w in range(WARPS)]
     for w, g in _warp_schedule([list(range(g0 + w, g1, WARPS)) for w in range(WARPS)], rng, dev):
         warps[w].consume(x, g, vw if g < nfull else 1)
     for wp in warps:
-        if wp.keys.size > k:
-            wp.cut(WS_MAX_K - k, "final")
-        assert wp.keys.size <= WS_MAX_K, "a warp keeps <= kMaxK keys for the gather"
-    for why in ("capacity", "mark", "final") if stats is not None else ():
-        stats[why] = stats.get(why, 0) + block[why]
-    return _finish_sorted(np.concatenate([wp.keys for wp in warps]), k, rng, dev)
+        wp.compact()
+        if wp.keys.size > WS_MAX_K:
+            wp.cut_to_k()
+    held = np.concatenate([wp.keys for wp in warps])
+    if stats is not None:
+        for why in ("capacity", "mark"):
+            stats[why] = stats.get(why, 0) + block[why]
+        stats["gathered"] = stats.get("gathered", 0) + held.size
+    return _finish_sorted(held, k, rng, dev)
 
 
 def merge(parts: np.ndarray, k: int, rng: np.random.Generator, dev: Device) -> np.ndarray:

@@ -113,6 +113,7 @@ struct Variant { const char* name; Launch fn; int warp_max_k = 0; };
 const Variant kVariants[] = {  // [0] is the shipped one: every other variant is compared with it
     {"shipped", kdb::launch_topk_shipped<__nv_bfloat16, 8>, kdb::vocab::ws::kMaxK},  // warp stream to k 256
     {"block", block_stream},  // s18's shipped: lane/512, sampled from k >= 512
+    {"warp/add", kdb::launch_topk_warp<__nv_bfloat16, 8, true>, kdb::vocab::ws::kMaxK},  // additive marks
     {"mask/2048", kdb::launch_topk<__nv_bfloat16, 8, kdb::vocab::kMask, 0, false>},   // round 2 (+ bounds)
     {"lane/512", kdb::launch_topk<__nv_bfloat16, 8, kdb::vocab::kLane, 512, false>},
     {"lane/512/sample", kdb::launch_topk<__nv_bfloat16, 8, kdb::vocab::kLane, 512, true>},
