@@ -9,7 +9,6 @@
 #include "tree_build.h"
 #include "tree_build_par.h"
 #include "tree_build_vocab.h"
-#include "tree_build_wstream.h"
 
 namespace kdb {
 namespace {
@@ -257,24 +256,8 @@ cudaError_t launch_topk(const TopkArgs& a, cudaStream_t stream) {
   return launch_pdl(vocab::merge_kernel, dim3(unsigned(a.rows)), dim3(vocab::kThreads), smem, stream, a);
 }
 
-// The warp-local stream (tree_build_wstream.h) with the same merge.
-template <typename T, int VW, bool kAddMark = false>
-cudaError_t launch_topk_warp(const TopkArgs& a, cudaStream_t stream) {
-  const size_t smem = vocab::kCap * sizeof(uint64_t);
-  auto* kernel = vocab::topk_warp_kernel<T, VW, kAddMark>;
-  KDB_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-  kernel<<<unsigned(a.rows * a.splits), vocab::kThreads, smem, stream>>>(a);
-  KDB_LAUNCH_CHECK();
-  if (a.splits == 1) return cudaSuccess;
-  KDB_CUDA_TRY(cudaFuncSetAttribute(vocab::merge_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-  return launch_pdl(vocab::merge_kernel, dim3(unsigned(a.rows)), dim3(vocab::kThreads), smem, stream, a);
-}
-
-// Rows of k <= ws::kMaxK take the warp-local stream unless the environment has KDB_TOPK_WARP=0 (the A/B switch
-// of the benches and the GPU tests, read at every launch).
 template <typename T, int VW>
 cudaError_t launch_topk_shipped(const TopkArgs& a, cudaStream_t stream) {
-  if (a.k <= vocab::ws::kMaxK && !env_switch_off("KDB_TOPK_WARP")) return launch_topk_warp<T, VW>(a, stream);
   return a.k >= kSampleMinK ? launch_topk<T, VW, kAdmitShipped, kMarkShipped, true>(a, stream)
                             : launch_topk<T, VW, kAdmitShipped, kMarkShipped, false>(a, stream);
 }

@@ -14,9 +14,8 @@
 namespace kdb {
 namespace vocab {
 
-// Logit loads: VW elements per 16-byte vector (1 = scalar, guarded). A chunk is kLanes * kPer logits streamed by
-// kLanes threads (the block, or one warp in tree_build_wstream.h); element j of a thread's chunk is logit
-// (j / VW) * (kLanes * VW) + lane * VW + j % VW of the chunk, lane = tid % kLanes: every load is coalesced.
+// Logit loads: VW elements per 16-byte vector (1 = scalar, guarded). Element j of a thread's chunk is
+// logit (j / VW) * (kThreads * VW) + tid * VW + j % VW of the chunk: every load is coalesced.
 template <typename T>
 __device__ __forceinline__ float to_f32(T x);
 template <>
@@ -24,19 +23,17 @@ __device__ __forceinline__ float to_f32<float>(float x) { return x; }
 template <>
 __device__ __forceinline__ float to_f32<__nv_bfloat16>(__nv_bfloat16 x) { return __bfloat162float(x); }
 
-template <int VW, int kLanes = kThreads>
+template <int VW>
 __device__ __forceinline__ int chunk_index(int c, int j) {
-  const int lane = kLanes == kThreads ? int(threadIdx.x) : int(threadIdx.x) & (kLanes - 1);
-  return c * (kLanes * kPer) + (j / VW) * (kLanes * VW) + lane * VW + j % VW;
+  return c * kChunk + (j / VW) * (kThreads * VW) + int(threadIdx.x) * VW + j % VW;
 }
 
-template <typename T, int VW, int kLanes = kThreads>
+template <typename T, int VW>
 struct Raw {
   uint4 v[kPer / VW];
   __device__ __forceinline__ void load(const T* row, int c) {
 #pragma unroll
-    for (int q = 0; q < kPer / VW; ++q)
-      v[q] = __ldcs(reinterpret_cast<const uint4*>(row + chunk_index<VW, kLanes>(c, q * VW)));
+    for (int q = 0; q < kPer / VW; ++q) v[q] = __ldcs(reinterpret_cast<const uint4*>(row + chunk_index<VW>(c, q * VW)));
   }
   __device__ __forceinline__ void to_float(float (&x)[kPer]) const {
     if constexpr (sizeof(T) == 2) {  // a bf16 is the high half of its fp32: one shift or one AND per logit
@@ -51,12 +48,12 @@ struct Raw {
 };
 
 // Scalar loads of chunk c; logits at or beyond V read as -inf and are flagged invalid.
-template <typename T, int kLanes = kThreads>
+template <typename T>
 __device__ __forceinline__ void load_scalar(const T* row, int c, int V, float (&x)[kPer], unsigned& valid) {
   valid = 0;
 #pragma unroll
   for (int j = 0; j < kPer; ++j) {
-    const int i = chunk_index<1, kLanes>(c, j);
+    const int i = chunk_index<1>(c, j);
     x[j] = i < V ? to_f32(row[i]) : -INFINITY;
     valid |= (i < V ? 1u : 0u) << j;
   }
@@ -128,9 +125,8 @@ __device__ __forceinline__ int admit(uint64_t* keys, TopkSmem& sm, const float (
 // block is >= t. Each warp takes the kw-th largest of its lanes' chunk maxima (kw lanes hold a logit >= it;
 // kWarps * kw >= k), t is the smallest of those. It replaces admitting the whole first chunk (4096 keys and a
 // prune of them) with fewer: on N(0, 3) logits ~36 at k 16, ~112 at k 64, ~250 at k 128, ~1250 at k 256.
-// All lanes, 1 <= kw <= 32: the kw-th largest of the lanes' chunk maxima (NaN as -inf); kw lanes hold a logit >= it.
-__device__ __forceinline__ float warp_kth_max(float chunk_max, int kw) {
-  const int lane = threadIdx.x & 31;
+__device__ float first_bound(float chunk_max, int k, TopkSmem& sm) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, kw = ceil_div(k, kWarps);
   const float v = isnan(chunk_max) ? -INFINITY : chunk_max;
   int rank = 0;  // lanes before this one in (value desc, lane asc): ranks are 0..31, each once
 #pragma unroll
@@ -139,12 +135,7 @@ __device__ __forceinline__ float warp_kth_max(float chunk_max, int kw) {
     rank += (u > v || (u == v && i < lane)) ? 1 : 0;
   }
   const unsigned who = __ballot_sync(kFullMask, rank == kw - 1);
-  return __shfl_sync(kFullMask, v, __ffs(who) - 1);
-}
-
-__device__ float first_bound(float chunk_max, int k, TopkSmem& sm) {
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const float tw = warp_kth_max(chunk_max, ceil_div(k, kWarps));
+  const float tw = __shfl_sync(kFullMask, v, __ffs(who) - 1);
   if (lane == 0) sm.red_t[warp] = tw;
   __syncthreads();
   float t = sm.red_t[0];
@@ -193,13 +184,12 @@ struct Stream {
   }
 };
 
-// A vector chunk c from cur while chunk c + D (below cend) loads into nxt. Callers alternate the two buffers,
+// A vector chunk c from cur while chunk c + 1 (below cend) loads into nxt. Callers alternate the two buffers,
 // so no register copy waits on the load in flight (a copy nxt -> cur did, and serialized every chunk on DRAM
 // latency before 2026-12-01 s4).
-template <int D, typename T, int VW, int kLanes, class S>
-__device__ __forceinline__ void vec_step(S& s, Raw<T, VW, kLanes>& cur, Raw<T, VW, kLanes>& nxt, const T* row, int c,
-                                         int cend) {
-  if (c + D < cend) nxt.load(row, c + D);
+template <typename T, int VW, class S>
+__device__ __forceinline__ void vec_step(S& s, Raw<T, VW>& cur, Raw<T, VW>& nxt, const T* row, int c, int cend) {
+  if (c + 1 < cend) nxt.load(row, c + 1);
   float x[kPer];
   cur.to_float(x);
   s.template consume<VW>(x, (1u << kPer) - 1u, c);
@@ -225,44 +215,30 @@ __device__ __forceinline__ void write_row(const uint64_t* keys, float m, float s
   if (a.lse != nullptr && threadIdx.x == 0) a.lse[r] = lse;
 }
 
-// A (row, split) block's outputs from its held candidates (sm.count keys) and its threads' LSE states. Unsplit:
-// the row's outputs. Split: its top-min(k, held) keys, sorted and 0-padded to k, and its (m, s) partials.
-__device__ __forceinline__ void block_outputs(uint64_t* keys, LseState st, TopkSmem& sm, const TopkArgs& a, int64_t r) {
-  finish_sorted(keys, a.k, sm);
-  const float2 ms = block_ms(st, sm);
-  if (a.splits == 1) return write_row(keys, ms.x, ms.y, a, r);
-  uint64_t* out = a.part_keys + int64_t(blockIdx.x) * a.k;
-  for (int j = threadIdx.x; j < a.k; j += kThreads) out[j] = keys[j];
-  if (threadIdx.x == 0) reinterpret_cast<float2*>(a.part_ms)[blockIdx.x] = ms;
-}
-
-// Chunks [c0, c1) of the row through s: vector chunks [c0, cv) with one chunk in flight, then scalar ones. With
-// kLanes < kThreads each group of kLanes threads (a warp) takes every D-th chunk from c0 + its group index.
-template <typename T, int VW, int kLanes = kThreads, class S>
+// Chunks [c0, c1) of the row through s: vector chunks [c0, cv) with one chunk in flight, then scalar ones.
+template <typename T, int VW, class S>
 __device__ __forceinline__ void stream_chunks(S& s, const T* row, int V, int c0, int cv, int c1) {
-  constexpr int D = kThreads / kLanes;
-  int c = c0 + (D == 1 ? 0 : int(threadIdx.x) / kLanes);
   if constexpr (sizeof(T) == 2) {
     // bf16 chunks are 32 B per thread: one chunk ahead keeps ~64 B per thread in flight (fp32 has it without,
     // and a second buffer would spill; cp.async stages in shared memory were slower, plans/0004).
-    Raw<T, VW, kLanes> p, q;
-    if (c < cv) p.load(row, c);
-    for (; c + D < cv; c += 2 * D) vec_step<D>(s, p, q, row, c, cv), vec_step<D>(s, q, p, row, c + D, cv);
-    if (c < cv) vec_step<D>(s, p, q, row, c, cv), c += D;
+    Raw<T, VW> p, q;
+    if (c0 < cv) p.load(row, c0);
+    int c = c0;
+    for (; c + 1 < cv; c += 2) vec_step(s, p, q, row, c, cv), vec_step(s, q, p, row, c + 1, cv);
+    if (c < cv) vec_step(s, p, q, row, c, cv);
   } else {
-    for (; c < cv; c += D) {
-      Raw<T, VW, kLanes> p;
+    for (int c = c0; c < cv; ++c) {
+      Raw<T, VW> p;
       float x[kPer];
       p.load(row, c);
       p.to_float(x);
       s.template consume<VW>(x, (1u << kPer) - 1u, c);
     }
   }
-  if constexpr (D == 1) c = cv;  // (the same value; as a constant it keeps the block stream's code as before s19)
-  for (; c < c1; c += D) {
+  for (int c = cv; c < c1; ++c) {
     float x[kPer];
     unsigned valid;
-    load_scalar<T, kLanes>(row, c, V, x, valid);
+    load_scalar(row, c, V, x, valid);
     s.template consume<1>(x, valid, c);
   }
 }
@@ -342,7 +318,12 @@ __global__ void __launch_bounds__(kThreads, 4) topk_kernel(TopkArgs a) {
     __syncthreads();
     if (redo) st = stream_exact<T, VW, kAdmit, kMarkMin>(keys, sm, k, row, V, c0, cv, c1);
   }
-  block_outputs(keys, st, sm, a, r);
+  finish_sorted(keys, k, sm);
+  const float2 ms = block_ms(st, sm);
+  if (a.splits == 1) return write_row(keys, ms.x, ms.y, a, r);
+  uint64_t* out = a.part_keys + int64_t(blockIdx.x) * k;
+  for (int j = threadIdx.x; j < k; j += kThreads) out[j] = keys[j];
+  if (threadIdx.x == 0) reinterpret_cast<float2*>(a.part_ms)[blockIdx.x] = ms;
 }
 
 // One block per row: the splits' sorted key lists (splits * k keys, 0-padded) merged by a tree of bitonic merges

@@ -69,9 +69,9 @@ CASES = [
     Case(2, 5, 10008, 65, "bfloat16", "flat", 31),
     Case(1, 3, 163840, 256, "bfloat16", "sparse", 32),
     Case(3, 2, 32000, 1, "bfloat16", "ties", 33),
-    # added in s19 for the warp-local stream (tree_build_wstream.h): >= 265 rows, so one block a row (unsplit): every
-    # logit equal at k 256 (exact cuts at every cut, the k smallest ids), odd V with scalar steps at k <= 32 (the
-    # first bound) on rising logits, bf16 ties at k 200 (tie stops with slack)
+    # added in s19 for a warp-local stream (measured slower and reverted, plans/0004 "Session 19"), kept for the
+    # block stream (passed on it in s19 calls B and C): >= 265 rows, so one block a row (unsplit): every logit equal
+    # at k 256 (the k smallest ids), odd V with scalar chunks at k 16 on rising logits, bf16 ties at k 200
     Case(20, 15, 32000, 256, "bfloat16", "flat", 34),
     Case(20, 15, 32003, 16, "float32", "rising", 35),
     Case(18, 16, 65536, 200, "bfloat16", "ties", 36),

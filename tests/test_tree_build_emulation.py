@@ -23,23 +23,18 @@ def _run(case: Case, forced: int, dev: em.Device) -> tuple[np.ndarray, list[np.n
     return x, got, want
 
 
-STREAMS = {"warp": True, "block": False}  # rows of k <= 256: topk_warp_kernel, or topk_kernel (KDB_TOPK_WARP=0)
-
-
-@pytest.mark.parametrize("stream", STREAMS)
 @pytest.mark.parametrize("order", ORDERS)
 @pytest.mark.parametrize("case", CASES, ids=IDS)
-def test_emulated_topk_matches_reference(case, order, stream):
-    _, got, want = _run(case, 0, em.Device(order, seed=case.seed, warp_stream=STREAMS[stream]))
+def test_emulated_topk_matches_reference(case, order):
+    _, got, want = _run(case, 0, em.Device(order, seed=case.seed))
     for b in range(case.batch):
         np.testing.assert_array_equal(got[b], want[b], err_msg=f"request {b}, warp order {order}")
 
 
-@pytest.mark.parametrize("stream", STREAMS)
 @pytest.mark.parametrize("case, splits", SPLIT_CASES, ids=[f"{c.vocab}-k{c.budget}-{c.logits}" for c, _ in SPLIT_CASES])
-def test_emulated_forced_splits_match_reference(case, splits, stream):
+def test_emulated_forced_splits_match_reference(case, splits):
     for s in splits:
-        _, got, want = _run(case, s, em.Device("random", seed=case.seed + s, warp_stream=STREAMS[stream]))
+        _, got, want = _run(case, s, em.Device("random", seed=case.seed + s))
         for b in range(case.batch):
             np.testing.assert_array_equal(got[b], want[b], err_msg=f"splits {s}, request {b}")
 
@@ -55,22 +50,6 @@ def test_emulated_decoy_restreams_and_stays_exact():
         assert stats.get("restreams", 0) == case.depth, (case.dtype, stats)
 
 
-@pytest.mark.parametrize("seed, logits, k, causes", [
-    (26, "rising", 256, ("capacity", "mark")),  # every step beats the held keys: the slice fills, cuts to the top k
-    (23, "normal", 64, ("mark",)),              # the bound rises by the warps' posts at max(2m, 32, 2 x held)
-    (17, "ties", 256, ("mark",)),               # tied cut values: the tie stops and the id-bit passes
-])
-def test_emulated_warp_stream_takes_each_cut(seed, logits, k, causes):
-    """The warp stream's branches the GPU cases rely on are taken (counted by the emulation), and stay exact."""
-    case = next(c for c in CASES if c.seed == seed)
-    assert (case.logits, min(case.budget, case.vocab)) == (logits, k)
-    x = logit_values(case, np.random.default_rng(case.seed))
-    stats = {}
-    got = em.topk_tokens(x[0], k, 0, em.Device("random", seed=seed), ELEM_BYTES[case.dtype], stats)
-    np.testing.assert_array_equal(got, ref.topk_logprobs(x[0], k)[1])
-    assert all(stats.get(c, 0) > 0 for c in causes), stats
-
-
 # The tie cases the H200 failed (gpu_tests.log of 2026-12-01 session 2) with the forced split count of the failure.
 H200_FAILED = [(c, 0) for c in CASES if c.logits == "ties" and c.vocab == 163840] + [
     (c, s[0]) for c, s in SPLIT_CASES if c.logits == "ties"]
@@ -82,8 +61,7 @@ def test_unguarded_tie_stop_fails_like_the_h200(case, forced):
     (same values as the reference, larger ids), in every warp order. Emulated with that code's admission
     (bounds=False): with first_bound fewer keys are held and some of these cases no longer reach the bad exit."""
     for order in ORDERS:
-        x, got, want = _run(case, forced, em.Device(order, guarded=False, bounds=False, seed=case.seed,
-                                                    warp_stream=False))
+        x, got, want = _run(case, forced, em.Device(order, guarded=False, bounds=False, seed=case.seed))
         outside = np.mean([np.mean(g != w) for g, w in zip(got, want)])
         assert outside > 0.2, f"warp order {order}: only {outside:.1%} of ids differ"
         for b in range(case.batch):

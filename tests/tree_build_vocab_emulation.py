@@ -13,8 +13,6 @@ CAP = 6144                              # vocab::kCap keys of shared memory
 COMPACT_AT = CAP - CHUNK                # capacity: prune when more than this are held
 MARK_MIN = 512                          # kMarkShipped: prune already at max(2k, 512) held (prune_mark)
 SAMPLE_MIN_K, SAMPLE_MIN_CHUNKS = 512, 8  # kSampleMinK (launcher), kSampleMinChunks
-STEP, SLICE = 32 * PER, CAP // WARPS         # ws::kStep logits a warp step, ws::kSlice keys a warp
-WS_MAX_K, WS_MARK_MIN, WS_BITS = SLICE - STEP, 32, 7  # ws::kMaxK, ws::kMarkMin, the warp select's digit width
 H200_SMS = 132
 MAX_AUTO_SPLITS = 8                     # tree_build_topk_plan's kMaxAutoSplits
 U64 = np.uint64
@@ -27,13 +25,11 @@ class Device:
     bounds=False admits and prunes as that code did (the whole first chunk, merges from key 1, prunes only at
     COMPACT_AT), before first_bound, merge_bound and the prune mark (2026-12-01 s4). The shipped kernel (kLane)
     gives slots in any lane and warp order; the emulation permutes warps (lanes in order), and the result must
-    not depend on either: keys are distinct and every selection is by key value. In the warp stream the order
-    is that of the warps' steps (which warp reads the others' posted bounds when)."""
+    not depend on either: keys are distinct and every selection is by key value."""
     warp_order: str = "random"
     guarded: bool = True
     bounds: bool = True
     seed: int = 0
-    warp_stream: bool = True  # rows of k <= WS_MAX_K take topk_warp_kernel (False: KDB_TOPK_WARP=0)
 
 
 def make_keys(x: np.ndarray, ids: np.ndarray) -> np.ndarray:
@@ -51,22 +47,22 @@ def value_of(key_hi: int) -> np.float32:
     return np.float32(-np.inf) if np.isnan(f) else f
 
 
-def radix_select_ge(keys: np.ndarray, k: int, tie_slack: int, dev: Device, bits: int = 8) -> tuple[int, int]:
-    """radix_select_ge (bits 8) or ws::warp_select_ge (bits 7): (t, kept), the device's digit windows and exits.
-    The device trusts `kept` as the count of keys >= t; callers check that."""
+def radix_select_ge(keys: np.ndarray, k: int, tie_slack: int, dev: Device) -> tuple[int, int]:
+    """radix_select_ge: (t, kept), the device's digit windows and exits. The device trusts `kept` as the count of
+    keys >= t; callers check that."""
     o, a = int(np.bitwise_or.reduce(keys)), int(np.bitwise_and.reduce(keys))
     vary, common, m64 = o ^ a, a, (1 << 64) - 1
     prefix = mask = 0
     krem = k
     while vary & ~mask & m64:
         hi = (vary & ~mask & m64).bit_length() - 1
-        shift = max(hi - (bits - 1), 32 if hi >= 32 else 0)  # digits never straddle the value / id words
+        shift = max(hi - 7, 32 if hi >= 32 else 0)      # digits never straddle the value / id words
         dmask = (2 << (hi - shift)) - 1
         match = keys[(keys & U64(mask)) == U64(prefix)]
-        hist = np.bincount(((match >> U64(shift)) & U64(dmask)).astype(np.int64), minlength=1 << bits)[::-1]
+        hist = np.bincount(((match >> U64(shift)) & U64(dmask)).astype(np.int64), minlength=256)[::-1]
         incl = np.cumsum(hist)                          # keys from the top bin down (find_digit)
         i = int(np.argmax(incl >= krem))
-        prefix |= ((1 << bits) - 1 - i) << shift
+        prefix |= (255 - i) << shift
         mask |= dmask << shift
         krem -= int(incl[i] - hist[i])
         binc = int(hist[i])
@@ -187,121 +183,6 @@ def stream_block(x: np.ndarray, c0: int, c1: int, k: int, vw: int, rng: np.rando
     return _finish_sorted(held, k, rng, dev)
 
 
-def _warp_step(x: np.ndarray, g: int, vw: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Warp step g as the lanes hold it: (idx, valid, vals), each [32, PER]: chunk_index<VW, 32>(g, j)."""
-    j, lane = np.arange(PER)[None, :], np.arange(32)[:, None]
-    idx = g * STEP + (j // vw) * (32 * vw) + lane * vw + j % vw
-    valid = idx < x.size
-    return idx, valid, np.where(valid, x[np.minimum(idx, x.size - 1)], np.float32(-np.inf))
-
-
-def okey(v: np.float32) -> int:
-    """float_order_key of one float32 (-0 -> +0)."""
-    return int(make_keys(np.array([v], np.float32), np.array([0]))[0] >> U64(32))
-
-
-class _Warp:
-    """ws::WarpStream of one warp: its slice (slot order), its own top-k key `own`, its post in block['bound']."""
-
-    def __init__(self, k: int, m: int, w: int, block: dict):
-        self.k, self.m, self.w, self.block = k, m, w, block
-        self.keys, self.own, self.own_thr = np.zeros(0, U64), 0, np.float32(-np.inf)
-        self.set_mark()
-
-    def set_mark(self) -> None:
-        self.mark = max(2 * self.m, WS_MARK_MIN, 2 * self.keys.size)
-
-    def _post(self, t: int) -> None:
-        self.block["bound"][self.w] = max(self.block["bound"][self.w], okey(value_of(t >> 32)))
-
-    def compact(self) -> None:
-        keep = max(self.own, min(self.block["bound"]) << 32)
-        self.keys = self.keys[self.keys >= U64(keep)]                 # warp_compact keeps slot order
-
-    def mark_cut(self) -> None:
-        self._post(radix_select_ge(self.keys, self.m, self.keys.size, Device(), WS_BITS)[0])
-        self.compact()
-        self.block["mark"] += 1
-        self.set_mark()
-
-    def cut_to_k(self) -> None:
-        t, _ = radix_select_ge(self.keys, self.k, WS_MAX_K - self.k, Device(), WS_BITS)
-        self._post(t)
-        self.own = max(self.own, t)
-        self.own_thr = max(self.own_thr, np.nextafter(value_of(self.own >> 32), np.float32(np.inf)))
-        self.compact()
-        assert self.keys.size <= WS_MAX_K, "a capacity cut keeps <= kMaxK keys"
-        self.block["capacity"] += 1
-        self.set_mark()
-
-    def threshold(self) -> np.float32:
-        return max(self.own_thr, value_of(min(self.block["bound"])))
-
-    def consume(self, x: np.ndarray, g: int, vw: int) -> None:
-        idx, valid, vals = _warp_step(x, g, vw)
-        t = self.threshold()
-        if not (vals.max(axis=1) >= t).any():
-            return
-        ok = valid & (vals >= t)
-        if self.keys.size + int(ok.sum()) > SLICE:
-            self.cut_to_k()
-            t = self.threshold()
-            ok = valid & (vals >= t)
-        self.keys = np.concatenate([self.keys, make_keys(vals[ok], idx[ok])])  # lane order, then j
-        if self.keys.size > self.mark:
-            self.mark_cut()
-
-
-def first_post(x: np.ndarray, g: int, vw: int, m: int) -> np.float32:
-    """ws::first_post: the m-th largest lane max of warp step g (NaN as -inf); -inf for m > 32."""
-    if m > 32:
-        return np.float32(-np.inf)
-    mc = _warp_step(x, g, vw)[2].max(axis=1)
-    return np.float32(np.sort(np.where(np.isnan(mc), np.float32(-np.inf), mc))[32 - m])
-
-
-def _warp_schedule(steps: list[list[int]], rng: np.random.Generator, dev: Device) -> list[tuple[int, int]]:
-    """(warp, step) in the order the warps run them: each warp's own steps in order, the warps interleaved."""
-    if dev.warp_order in ("asc", "desc"):
-        ws = range(WARPS) if dev.warp_order == "asc" else range(WARPS - 1, -1, -1)
-        return [(w, g) for w in ws for g in steps[w]]
-    owner = np.concatenate([np.full(len(st), w) for w, st in enumerate(steps)]).astype(int)
-    rng.shuffle(owner)
-    nxt = [0] * WARPS
-    out = []
-    for w in owner:
-        out.append((w, steps[w][nxt[w]]))
-        nxt[w] += 1
-    return out
-
-
-def stream_warps(x: np.ndarray, c0: int, c1: int, k: int, vw: int, rng: np.random.Generator, dev: Device,
-                 stats: dict | None = None):
-    """topk_warp_kernel for one (row, split) block over chunks [c0, c1): the first posts, warp w streaming steps
-    g0 + w + 8 i, the final filter by the block bound, the gather in warp order, finish_sorted. stats counts the
-    warps' cuts by cause and the keys gathered."""
-    nsteps, nfull = -(-x.size // STEP), (x.size // STEP if vw > 1 else 0)
-    g0, g1 = c0 * WARPS, min(c1 * WARPS, nsteps)
-    P = min(WARPS, g1 - g0)
-    m = -(-k // P)
-    post = [okey(first_post(x, g0 + w, vw if g0 + w < nfull else 1, m)) if w < P else okey(np.float32(np.inf))
-            for w in range(WARPS)]
-    block = {"bound": post, "capacity": 0, "mark": 0}
-    warps = [_Warp(k, m, w, block) for w in range(WARPS)]
-    for w, g in _warp_schedule([list(range(g0 + w, g1, WARPS)) for w in range(WARPS)], rng, dev):
-        warps[w].consume(x, g, vw if g < nfull else 1)
-    for wp in warps:
-        wp.compact()
-        if wp.keys.size > WS_MAX_K:
-            wp.cut_to_k()
-    held = np.concatenate([wp.keys for wp in warps])
-    if stats is not None:
-        for why in ("capacity", "mark"):
-            stats[why] = stats.get(why, 0) + block[why]
-        stats["gathered"] = stats.get("gathered", 0) + held.size
-    return _finish_sorted(held, k, rng, dev)
-
-
 def merge(parts: np.ndarray, k: int, rng: np.random.Generator, dev: Device) -> np.ndarray:
     """merge_kernel since round 4 (2026-12-01 s5): the top k of the splits' sorted, 0-padded lists, sorted
     descending (merge_sorted_lists, a tree of bitonic merges; its own code runs on the host in
@@ -345,8 +226,7 @@ def topk_tokens(x: np.ndarray, k: int, forced: int, dev: Device, elem_bytes: int
     out = np.zeros((rows, k), np.int64)
     for r in range(rows):
         xr = x[r].astype(np.float32)
-        block = stream_warps if dev.warp_stream and k <= WS_MAX_K else stream_block
-        parts = [block(xr, s * cps, min(nchunks, (s + 1) * cps), k, vw, rng, dev, stats) for s in range(splits)]
+        parts = [stream_block(xr, s * cps, min(nchunks, (s + 1) * cps), k, vw, rng, dev, stats) for s in range(splits)]
         keys = parts[0] if splits == 1 else merge(np.concatenate(parts), k, rng, dev)
         out[r] = (~(keys & U64(0xFFFFFFFF)).astype(np.uint32)).astype(np.int64)
     return out

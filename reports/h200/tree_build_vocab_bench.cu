@@ -3,8 +3,7 @@
 // every variant's top tokens checked exactly against a host sort (request 0) and against the shipped variant
 // (every row, tokens and log-probs bit for bit) before and after timing; timed with CUDA events after a 256 MB
 // L2-flush memset, variants alternating order between rounds (ABBA), next to the 1 GiB copy ceiling. Round 4
-// (2026-12-01 s5): the merge tree and PDL against round 3's merge ("r3_merge") and PDL off ("no_pdl"). Session 19:
-// the warp-local stream (shipped to k 256) against the block stream s18 shipped ("block", KDB_TOPK_WARP=0).
+// (2026-12-01 s5): the merge tree and PDL against round 3's merge ("r3_merge") and PDL off ("no_pdl").
 // Build: nvcc -O3 -std=c++20 -gencode=arch=compute_90a,code=sm_90a -Icsrc reports/h200/tree_build_vocab_bench.cu -o tvb
 // Usage: tvb OUT.jsonl [SHAPES]: times the first SHAPES shapes (all by default); SHAPES < 0: the first -SHAPES
 // shapes, one checked launch per variant and no timing (for ncu).
@@ -97,28 +96,14 @@ cudaError_t shipped_no_pdl(const kdb::TopkArgs& a, cudaStream_t stream) {  // ro
 cudaError_t r3_or_shipped(const kdb::TopkArgs& a, cudaStream_t stream) {  // round 3's merge where it applies
   return a.k < 512 ? r3::launch(a, stream) : kdb::launch_topk_shipped<__nv_bfloat16, 8>(a, stream);
 }
-cudaError_t block_stream(const kdb::TopkArgs& a, cudaStream_t stream) {  // s18's shipped path (KDB_TOPK_WARP=0)
-  const char* was = std::getenv("KDB_TOPK_WARP");
-  const std::string before = was ? was : "";
-  setenv("KDB_TOPK_WARP", "0", 1);
-  const cudaError_t e = kdb::launch_topk_shipped<__nv_bfloat16, 8>(a, stream);
-  if (was) setenv("KDB_TOPK_WARP", before.c_str(), 1);
-  else unsetenv("KDB_TOPK_WARP");
-  return e;
-}
-// warp_max_k: the largest k at which the variant streams per warp (tree_build_wstream.h; 0: never). Two variants
-// that stream alike sum the same logits in the same order (log-probs bit for bit); a warp and a block stream sum
-// them in different orders (log-probs within 4e-6, tokens equal).
-struct Variant { const char* name; Launch fn; int warp_max_k = 0; };
+struct Variant { const char* name; Launch fn; };
 const Variant kVariants[] = {  // [0] is the shipped one: every other variant is compared with it
-    {"shipped", kdb::launch_topk_shipped<__nv_bfloat16, 8>, kdb::vocab::ws::kMaxK},  // warp stream to k 256
-    {"block", block_stream},  // s18's shipped: lane/512, sampled from k >= 512
-    {"warp/add", kdb::launch_topk_warp<__nv_bfloat16, 8, true>, kdb::vocab::ws::kMaxK},  // additive marks
+    {"shipped", kdb::launch_topk_shipped<__nv_bfloat16, 8>},  // lane/512, sampled from k >= 512
     {"mask/2048", kdb::launch_topk<__nv_bfloat16, 8, kdb::vocab::kMask, 0, false>},   // round 2 (+ bounds)
     {"lane/512", kdb::launch_topk<__nv_bfloat16, 8, kdb::vocab::kLane, 512, false>},
     {"lane/512/sample", kdb::launch_topk<__nv_bfloat16, 8, kdb::vocab::kLane, 512, true>},
     {"probe", kdb::launch_topk<__nv_bfloat16, 8, kdb::vocab::kProbe, 0, false>},  // admits nothing: not checked
-    {"no_pdl", shipped_no_pdl, kdb::vocab::ws::kMaxK},  // the shipped variant without programmatic dependent launch
+    {"no_pdl", shipped_no_pdl},        // round 4 without programmatic dependent launch
     {"r3_merge", r3_or_shipped},       // round 3's merge (plain launches); k >= 512: the shipped path
 };
 constexpr int kNV = sizeof(kVariants) / sizeof(kVariants[0]);
@@ -179,9 +164,8 @@ int check(const kdb::TopkArgs& a, const std::vector<Buffers>& buf, const std::ve
           kVariants[i].name, r, j, (long long)ti[size_t(r) * a.k + j], (long long)ref[r][j]), 1;
   if (t0 != ti) return std::printf("  %s: tokens differ from shipped\n", kVariants[i].name), 1;
   // r3_merge folds the split rows' lse partials serially, round 4 by block_ms: their log-probs differ in the last
-  // bits (measured in s5 call B); so do a warp and a block stream (Variant); the others: bit for bit.
-  const bool same_stream = (a.k <= kVariants[i].warp_max_k) == (a.k <= kVariants[0].warp_max_k);
-  const float tol = std::strcmp(kVariants[i].name, "r3_merge") == 0 || !same_stream ? 4e-6f : 0.f;
+  // bits (measured in s5 call B); every other variant computes the same sums in the same order: bit for bit.
+  const float tol = std::strcmp(kVariants[i].name, "r3_merge") == 0 ? 4e-6f : 0.f;
   for (size_t j = 0; j < n; ++j)
     if (!(std::fabs(l0[j] - li[j]) <= tol)) return std::printf("  %s: log-prob %zu differs from shipped by %g\n",
                                                               kVariants[i].name, j, double(l0[j] - li[j])), 1;
