@@ -93,9 +93,11 @@ __device__ __forceinline__ void lse_merge(float& m, float& s, float m2, float s2
 //           (round 2; 1.1-1.2x slower than kLane at B 32, call D of 2026-12-01 s4);
 //   kLane:  lanes holding a candidate only (divergent), one shared atomic per lane for its count (the compiler
 //           aggregates the warp's), then the stores (shipped);
-//   kProbe: admits nothing (wrong outputs): the bench's bound on the streaming and log-sum-exp alone.
+//   kProbe: admits nothing (wrong outputs): the bench's bound on the streaming and log-sum-exp alone;
+//   kLaneNoFinal: kLane, then the block returns before its final prune, sort and writes (wrong outputs): the bench's
+//           measure of that tail (s19).
 // (A per-key atomic and a per-slot ballot were slower; the figures are in plans/0004 "tree_build".)
-enum Admit : int { kMask = 0, kLane = 1, kProbe = 2 };
+enum Admit : int { kMask = 0, kLane = 1, kProbe = 2, kLaneNoFinal = 3 };
 
 template <int kAdmit, int VW>
 __device__ __forceinline__ int admit(uint64_t* keys, TopkSmem& sm, const float (&x)[kPer], float chunk_max,
@@ -311,6 +313,10 @@ __global__ void __launch_bounds__(kThreads, 4) topk_kernel(TopkArgs a) {
   }
   Stream<kAdmit, kMarkMin> s{keys, sm, k, est};
   stream_chunks<T, VW>(s, row, V, c0, cv, c1);
+  if constexpr (kAdmit == kLaneNoFinal) {  // keep the log-sum-exp live (never true: s >= 0), then stop
+    if (s.st.s < 0.f && a.lse != nullptr) a.lse[r] = s.st.m;
+    return;
+  }
   LseState st = s.st;
   if (est > -INFINITY) {  // block-uniform
     __syncthreads();

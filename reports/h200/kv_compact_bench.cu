@@ -20,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "bench_env.h"
 #include "kv_compact.cu"  // kdb::kv_compact_launch, the production launcher, and kv_compact_kernel.h
 
 #define CK(x) do { cudaError_t e_ = (x); if (e_ != cudaSuccess) { \
@@ -104,10 +105,7 @@ template <int L, int R, int S, bool kLateIndex = false> struct Bulk {
 
 // F with KDB_PDL=0 (read at every launch, so also at graph capture): plain stream order, the PDL A/B.
 template <Launch F> cudaError_t no_pdl(const KvCompactArgs& a, cudaStream_t s) {
-  setenv("KDB_PDL", "0", 1);
-  const cudaError_t e = F(a, s);
-  unsetenv("KDB_PDL");
-  return e;
+  return with_env("KDB_PDL", "0", [&] { return F(a, s); });
 }
 
 struct Variant { const char* name; Launch fn; };

@@ -3,7 +3,8 @@
 // every variant's top tokens checked exactly against a host sort (request 0) and against the shipped variant
 // (every row, tokens and log-probs bit for bit) before and after timing; timed with CUDA events after a 256 MB
 // L2-flush memset, variants alternating order between rounds (ABBA), next to the 1 GiB copy ceiling. Round 4
-// (2026-12-01 s5): the merge tree and PDL against round 3's merge ("r3_merge") and PDL off ("no_pdl").
+// (2026-12-01 s5): the merge tree and PDL against round 3's merge ("r3_merge") and PDL off ("no_pdl"); s19: the
+// block's final prune, sort and writes ("probe_no_final").
 // Build: nvcc -O3 -std=c++20 -gencode=arch=compute_90a,code=sm_90a -Icsrc reports/h200/tree_build_vocab_bench.cu -o tvb
 // Usage: tvb OUT.jsonl [SHAPES]: times the first SHAPES shapes (all by default); SHAPES < 0: the first -SHAPES
 // shapes, one checked launch per variant and no timing (for ncu).
@@ -17,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "bench_env.h"
 #include "tree_build.cu"  // kdb::launch_topk<T, VW, kAdmit, kMarkMin, kSample>, launch_topk_shipped, the plan
 
 #define CK(x) do { cudaError_t e_ = (x); if (e_ != cudaSuccess) { \
@@ -85,13 +87,7 @@ cudaError_t launch(const kdb::TopkArgs& a, cudaStream_t stream) {  // k < 512 sh
 }  // namespace r3
 
 cudaError_t shipped_no_pdl(const kdb::TopkArgs& a, cudaStream_t stream) {  // round 4 in plain stream order
-  const char* was = std::getenv("KDB_PDL");
-  const std::string before = was ? was : "";
-  setenv("KDB_PDL", "0", 1);
-  const cudaError_t e = kdb::launch_topk_shipped<__nv_bfloat16, 8>(a, stream);
-  if (was) setenv("KDB_PDL", before.c_str(), 1);
-  else unsetenv("KDB_PDL");
-  return e;
+  return with_env("KDB_PDL", "0", [&] { return kdb::launch_topk_shipped<__nv_bfloat16, 8>(a, stream); });
 }
 cudaError_t r3_or_shipped(const kdb::TopkArgs& a, cudaStream_t stream) {  // round 3's merge where it applies
   return a.k < 512 ? r3::launch(a, stream) : kdb::launch_topk_shipped<__nv_bfloat16, 8>(a, stream);
@@ -103,6 +99,8 @@ const Variant kVariants[] = {  // [0] is the shipped one: every other variant is
     {"lane/512", kdb::launch_topk<__nv_bfloat16, 8, kdb::vocab::kLane, 512, false>},
     {"lane/512/sample", kdb::launch_topk<__nv_bfloat16, 8, kdb::vocab::kLane, 512, true>},
     {"probe", kdb::launch_topk<__nv_bfloat16, 8, kdb::vocab::kProbe, 0, false>},  // admits nothing: not checked
+    {"probe_no_final", kdb::launch_topk<__nv_bfloat16, 8, kdb::vocab::kLaneNoFinal, 512, false>},  // lane/512 without
+    // its final prune, sort and writes (s19): lane/512 minus it is that tail; not checked
     {"no_pdl", shipped_no_pdl},        // round 4 without programmatic dependent launch
     {"r3_merge", r3_or_shipped},       // round 3's merge (plain launches); k >= 512: the shipped path
 };

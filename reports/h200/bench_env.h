@@ -1,0 +1,16 @@
+// The benches' A/B switches (KDB_PDL=0 and the like, read by the launchers at every launch): f() run with the
+// environment variable `name` set to `value`, then the variable restored to what it was (or unset).
+#pragma once
+#include <cstdlib>
+#include <string>
+
+template <class F>
+auto with_env(const char* name, const char* value, F&& f) {
+  const char* was = std::getenv(name);
+  const std::string before = was ? was : "";
+  setenv(name, value, 1);
+  auto r = f();
+  if (was) setenv(name, before.c_str(), 1);
+  else unsetenv(name);
+  return r;
+}
