@@ -1,5 +1,5 @@
 """CPU checks of the H200 scripts whose outputs the findings quote: the live best-budget check (batch 1 over
-several prompts, replay == live on the CPU's float32 target), the ncu summary of a committed ncu CSV, and that the
+several prompts, replay == live on the CPU's float32 target), the ncu summaries of committed ncu CSVs, and that the
 torch-free kernel benches still compile."""
 import json
 import shutil
@@ -33,6 +33,15 @@ def test_ncu_summary_reads_the_committed_raw_page():
     cells = [c.strip() for c in rows[0].split("|")[1:-1]]
     assert cells[2] == "2117.2" and cells[-2] == "59.9" and cells[-1].startswith("barrier")   # us, tensor %, stall
     assert (S3 / "call_a/ncu_main.md").read_text().strip() == out.strip()     # the committed table is this output
+
+
+def test_ncu_sass_ops_reproduces_session_19s_instruction_counts():
+    """plans/0004 tree_build Session 19 quotes these: the admission path's warp instructions at B 32, K 256."""
+    s19 = ROOT / "reports/h200/2026-12-03-s19/call_e"
+    out = subprocess.run([sys.executable, str(ROOT / "reports/h200/ncu_sass_ops.py"), str(s19 / "src_sass.csv.gz"),
+                          "lane/512=0", "probe_no_final=10", "probe=8"], check=True, capture_output=True, text=True).stdout
+    assert "| warp instructions | 69.8M | 61.4M | 19.9M |" in out
+    assert out.strip() in (s19 / "ncu_sass_summary.md").read_text()       # the committed table is this output
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc (compile only; the benches run on the H200)")
