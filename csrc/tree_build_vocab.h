@@ -95,9 +95,11 @@ __device__ __forceinline__ void lse_merge(float& m, float& s, float m2, float s2
 //           aggregates the warp's), then the stores (shipped);
 //   kProbe: admits nothing (wrong outputs): the bench's bound on the streaming and log-sum-exp alone;
 //   kLaneNoFinal: kLane, then the block returns before its final prune, sort and writes (wrong outputs): the bench's
-//           measure of that tail (s19).
+//           measure of that tail (s19);
+//   kLaneTrash: kLane with branch-free stores: every slot j stores, a rejected key to sm.trash (s20 experiment);
+//   kLanePred: kLane with the key made unconditionally and one predicated store per slot (s20 experiment).
 // (A per-key atomic and a per-slot ballot were slower; the figures are in plans/0004 "tree_build".)
-enum Admit : int { kMask = 0, kLane = 1, kProbe = 2, kLaneNoFinal = 3 };
+enum Admit : int { kMask = 0, kLane = 1, kProbe = 2, kLaneNoFinal = 3, kLaneTrash = 4, kLanePred = 5 };
 
 template <int kAdmit, int VW>
 __device__ __forceinline__ int admit(uint64_t* keys, TopkSmem& sm, const float (&x)[kPer], float chunk_max,
@@ -112,12 +114,32 @@ __device__ __forceinline__ int admit(uint64_t* keys, TopkSmem& sm, const float (
     append_masked<kPer>(keys, &sm.count, pass, [&](int j) { return make_key(x[j], uint32_t(chunk_index<VW>(c, j))); });
     n = __popc(pass);
   } else if (chunk_max >= thr) {  // kLane: only the lanes holding a candidate
+    if constexpr (kAdmit == kLaneTrash || kAdmit == kLanePred) {
+      unsigned pass = 0;
 #pragma unroll
-    for (int j = 0; j < kPer; ++j) n += (((valid >> j) & 1u) && x[j] >= thr) ? 1 : 0;
-    int slot = atomicAdd(&sm.count, n);
+      for (int j = 0; j < kPer; ++j) pass |= (x[j] >= thr ? 1u : 0u) << j;
+      pass &= valid;
+      n = __popc(pass);
+      int slot = atomicAdd(&sm.count, n);
 #pragma unroll
-    for (int j = 0; j < kPer; ++j) {
-      if (((valid >> j) & 1u) && x[j] >= thr) keys[slot++] = make_key(x[j], uint32_t(chunk_index<VW>(c, j)));
+      for (int j = 0; j < kPer; ++j) {
+        const uint64_t key = make_key(x[j], uint32_t(chunk_index<VW>(c, j)));
+        const int p = (pass >> j) & 1u;
+        if constexpr (kAdmit == kLaneTrash) {
+          *(p ? keys + slot : &sm.trash) = key;
+        } else if (p) {
+          keys[slot] = key;
+        }
+        slot += p;
+      }
+    } else {
+#pragma unroll
+      for (int j = 0; j < kPer; ++j) n += (((valid >> j) & 1u) && x[j] >= thr) ? 1 : 0;
+      int slot = atomicAdd(&sm.count, n);
+#pragma unroll
+      for (int j = 0; j < kPer; ++j) {
+        if (((valid >> j) & 1u) && x[j] >= thr) keys[slot++] = make_key(x[j], uint32_t(chunk_index<VW>(c, j)));
+      }
     }
   }
   return n;
