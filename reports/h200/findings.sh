@@ -6,6 +6,7 @@
 # what finished (the device tool returns at most 8 files from $OUT).
 # Usage (device machine, repo root): KDBENCH_GIT_SHA=<sha> bash reports/h200/findings.sh STEPS_FILE OUT_DIR
 #   WHL=DIR installs the wheels carried there first (FlashInfer for the peer rows; plans/0012).
+#   NO_BUILD=1 skips the package install and extension build (standalone nvcc benches only).
 set -uo pipefail
 steps=${1:?STEPS_FILE}; out=${2:?OUT_DIR}
 export PYTHONUNBUFFERED=1 MPLBACKEND=Agg MAX_JOBS=16 FLASHINFER_CUDA_ARCH_LIST=9.0a
@@ -17,9 +18,14 @@ if [ -n "${WHL:-}" ] && ls "$WHL"/*.whl > /dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site "$WHL"/*.whl \
     > "$LOGS/wheels.log" 2>&1; at "wheels rc=$?"; export PYTHONPATH=/tmp/site
 fi
-python3 -m pip install -q --no-build-isolation --no-deps -e . > "$LOGS/install.log" 2>&1; at "install rc=$?"
-timeout 240 kdbench build > "$LOGS/build.log" 2>&1; at "build rc=$?"
-kdbench env > "$LOGS/env.txt" 2>&1; nvidia-smi -q -d CLOCK,PERFORMANCE > "$LOGS/clocks.txt" 2>&1
+if [ -z "${NO_BUILD:-}" ]; then  # NO_BUILD=1: steps that only build standalone nvcc benches skip the ~60 s
+  python3 -m pip install -q --no-build-isolation --no-deps -e . > "$LOGS/install.log" 2>&1; at "install rc=$?"
+  timeout 240 kdbench build > "$LOGS/build.log" 2>&1; at "build rc=$?"
+  kdbench env > "$LOGS/env.txt" 2>&1
+else
+  { nvidia-smi; echo "commit ${KDBENCH_GIT_SHA:-unknown}"; } > "$LOGS/env.txt" 2>&1; at "NO_BUILD: extension not built"
+fi
+nvidia-smi -q -d CLOCK,PERFORMANCE > "$LOGS/clocks.txt" 2>&1
 pack
 
 while read -r name limit cmd; do
