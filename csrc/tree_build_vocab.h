@@ -96,10 +96,18 @@ __device__ __forceinline__ void lse_merge(float& m, float& s, float m2, float s2
 //   kProbe: admits nothing (wrong outputs): the bench's bound on the streaming and log-sum-exp alone;
 //   kLaneNoFinal: kLane, then the block returns before its final prune, sort and writes (wrong outputs): the bench's
 //           measure of that tail (s19);
-//   kLaneTrash: kLane with branch-free stores: every slot j stores, a rejected key to sm.trash (s20 experiment);
-//   kLanePred: kLane with the key made unconditionally and one predicated store per slot (s20 experiment).
+//   kLaneBits: kLane storing by a loop over the set bits of its pass mask, x[j] picked by selects (s20).
 // (A per-key atomic and a per-slot ballot were slower; the figures are in plans/0004 "tree_build".)
-enum Admit : int { kMask = 0, kLane = 1, kProbe = 2, kLaneNoFinal = 3, kLaneTrash = 4, kLanePred = 5 };
+enum Admit : int { kMask = 0, kLane = 1, kProbe = 2, kLaneNoFinal = 3, kLaneBits = 4 };
+
+// x[j] for a runtime j by a chain of selects (an indexed register array would go to local memory; a select tree
+// needs kPer / 2 temporaries and spilled at the 64-register cap).
+__device__ __forceinline__ float pick(const float (&x)[kPer], int j) {
+  float v = x[0];
+#pragma unroll
+  for (int i = 1; i < kPer; ++i) v = j == i ? x[i] : v;
+  return v;
+}
 
 template <int kAdmit, int VW>
 __device__ __forceinline__ int admit(uint64_t* keys, TopkSmem& sm, const float (&x)[kPer], float chunk_max,
@@ -114,23 +122,16 @@ __device__ __forceinline__ int admit(uint64_t* keys, TopkSmem& sm, const float (
     append_masked<kPer>(keys, &sm.count, pass, [&](int j) { return make_key(x[j], uint32_t(chunk_index<VW>(c, j))); });
     n = __popc(pass);
   } else if (chunk_max >= thr) {  // kLane: only the lanes holding a candidate
-    if constexpr (kAdmit == kLaneTrash || kAdmit == kLanePred) {
+    if constexpr (kAdmit == kLaneBits) {
       unsigned pass = 0;
 #pragma unroll
       for (int j = 0; j < kPer; ++j) pass |= (x[j] >= thr ? 1u : 0u) << j;
       pass &= valid;
       n = __popc(pass);
       int slot = atomicAdd(&sm.count, n);
-#pragma unroll
-      for (int j = 0; j < kPer; ++j) {
-        const uint64_t key = make_key(x[j], uint32_t(chunk_index<VW>(c, j)));
-        const int p = (pass >> j) & 1u;
-        if constexpr (kAdmit == kLaneTrash) {
-          *(p ? keys + slot : &sm.trash) = key;
-        } else if (p) {
-          keys[slot] = key;
-        }
-        slot += p;
+      for (; pass != 0; pass &= pass - 1) {
+        const int j = __ffs(pass) - 1;
+        keys[slot++] = make_key(pick(x, j), uint32_t(chunk_index<VW>(c, j)));
       }
     } else {
 #pragma unroll

@@ -101,8 +101,7 @@ const Variant kVariants[] = {  // [0] is the shipped one: every other variant is
     {"probe", kdb::launch_topk<__nv_bfloat16, 8, kdb::vocab::kProbe, 0, false>},  // admits nothing: not checked
     {"probe_no_final", kdb::launch_topk<__nv_bfloat16, 8, kdb::vocab::kLaneNoFinal, 512, false>},  // lane/512 without
     // its final prune, sort and writes (s19): lane/512 minus it is that tail; not checked
-    {"trash/512", kdb::launch_topk<__nv_bfloat16, 8, kdb::vocab::kLaneTrash, 512, false>},  // s20: branch-free stores
-    {"pred/512", kdb::launch_topk<__nv_bfloat16, 8, kdb::vocab::kLanePred, 512, false>},    // s20: predicated stores
+    {"bits/512", kdb::launch_topk<__nv_bfloat16, 8, kdb::vocab::kLaneBits, 512, false>},  // s20: set-bit store loop
     {"no_pdl", shipped_no_pdl},        // round 4 without programmatic dependent launch
     {"r3_merge", r3_or_shipped},       // round 3's merge (plain launches); k >= 512: the shipped path
 };
