@@ -15,42 +15,33 @@ namespace kdb {
 
 constexpr int kKvBulkSmemBytes = 45 * 1024;  // most dynamic smem a CTA takes (<= 48 KB with the statics: no opt-in)
 
-// Launch shape: a CTA (one warp) owns request b, layers [l0, l0 + layers_per_cta) and column part p of those rows
-// (bytes [p, p + 1) * row_bytes of each row_stride-byte row; col_parts parts), and moves them in batches of
-// rows_per_batch rows through `stages` shared buffers (2: the loads of batch i + 1 run under the stores of batch i).
-// Shared memory per CTA = stages * rows_per_batch * row_bytes <= kKvBulkSmemBytes.
+// Launch shape: a CTA (one warp) owns request b and layers [l0, l0 + layers_per_cta), every byte of those rows, and
+// moves them in batches of rows_per_batch rows through `stages` shared buffers (2: the loads of batch i + 1 run under
+// the stores of batch i). Shared memory per CTA = stages * rows_per_batch * row_bytes <= kKvBulkSmemBytes.
 struct KvBulkGeometry {
-  int64_t row_stride;  // bytes of a cache row
-  int64_t row_bytes;   // bytes of the part a CTA moves: row_stride / col_parts
-  int col_parts;
+  int64_t row_bytes;
   int rows_per_batch;
   int stages;          // 1 or 2
   int layers_per_cta;
   bool late_index;     // the bench's A/B only: slots 0..31 loaded after accept_len (as until s17), not with it
-  int64_t ctas;        // batch * ceil(layers / layers_per_cta) * col_parts
+  int64_t ctas;        // batch * ceil(layers / layers_per_cta)
   size_t smem_bytes() const { return size_t(stages) * size_t(rows_per_batch) * size_t(row_bytes); }
 };
 
 // What the launcher takes (s18): one layer per CTA and 16-row batches (every moved row of a depth-15 tree's path in
 // one batch), the fastest shape of s17's sweep (plans/0004 "## kv_compact"); the bench's rows force others (> 0 each).
 constexpr int kKvBulkLayersPerCta = 1, kKvBulkRows = 16, kKvBulkStages = 1;
-struct KvBulkShape {
-  int layers_per_cta = 0, rows_per_batch = 0, stages = 0;
-  bool late_index = false;
-  int col_parts = 0;  // > 1: split rows into that many 16-byte-multiple parts where they divide (else whole rows)
-};
+struct KvBulkShape { int layers_per_cta = 0, rows_per_batch = 0, stages = 0; bool late_index = false; };
 inline KvBulkGeometry kv_bulk_geometry(const KvCompactArgs& a, KvBulkShape want = {}) {
   KvBulkGeometry g;
-  g.row_stride = std::max<int64_t>(int64_t(a.dim) * a.element_bytes, 1);
-  g.col_parts = want.col_parts > 1 && g.row_stride % (16 * want.col_parts) == 0 ? want.col_parts : 1;
-  g.row_bytes = g.row_stride / g.col_parts;
+  g.row_bytes = std::max<int64_t>(int64_t(a.dim) * a.element_bytes, 1);
   const int most_rows = int(std::max<int64_t>(kKvBulkSmemBytes / g.row_bytes, 1));  // kv_bulk_fits: >= 1
   g.rows_per_batch = std::clamp(want.rows_per_batch > 0 ? want.rows_per_batch : kKvBulkRows, 1, most_rows);
   g.stages = std::clamp(want.stages > 0 ? want.stages : kKvBulkStages, 1, std::min(2, most_rows / g.rows_per_batch));
   const int lpc = want.layers_per_cta > 0 ? want.layers_per_cta : kKvBulkLayersPerCta;
   g.layers_per_cta = std::clamp(lpc, 1, std::max(a.layers, 1));
   g.late_index = want.late_index;
-  g.ctas = int64_t(a.batch) * ceil_div(a.layers, g.layers_per_cta) * g.col_parts;
+  g.ctas = int64_t(a.batch) * ceil_div(a.layers, g.layers_per_cta);
   return g;
 }
 
@@ -63,10 +54,9 @@ inline bool kv_bulk_fits(const KvCompactArgs& a) {
 struct KvBulkCta {  // what one CTA moves
   const KvCompactArgs& a;
   const KvBulkGeometry& g;
-  int b, l0, layers, past, part;
-  __device__ __forceinline__ uint8_t* row(int l, int r) const {  // part `part` of row r of (layer l0 + l, request b)
-    return static_cast<uint8_t*>(a.cache) + ((int64_t(l0 + l) * a.batch + b) * a.seq + past + r) * g.row_stride +
-           int64_t(part) * g.row_bytes;
+  int b, l0, layers, past;
+  __device__ __forceinline__ uint8_t* row(int l, int r) const {  // row r of (layer l0 + l, request b)
+    return static_cast<uint8_t*>(a.cache) + ((int64_t(l0 + l) * a.batch + b) * a.seq + past + r) * g.row_bytes;
   }
 };
 
@@ -128,8 +118,7 @@ __global__ void __launch_bounds__(32) kv_compact_bulk_kernel(KvCompactArgs a, Kv
   __shared__ __align__(8) uint64_t bar_words[2];
   __shared__ int from[32], to[32];
   const int lane = threadIdx.x & 31;
-  const int part = int(blockIdx.x % g.col_parts), cell = int(blockIdx.x / g.col_parts);
-  const int b = cell % a.batch, l0 = cell / a.batch * g.layers_per_cta;
+  const int b = int(blockIdx.x % a.batch), l0 = int(blockIdx.x / a.batch) * g.layers_per_cta;
   const uint32_t bar0 = smem_addr(&bar_words[0]), bar1 = smem_addr(&bar_words[1]);
   if (lane == 0) mbar_init(bar0, 1), mbar_init(bar1, 1), fence_mbar_init();
   __syncwarp();
@@ -139,7 +128,7 @@ __global__ void __launch_bounds__(32) kv_compact_bulk_kernel(KvCompactArgs a, Kv
   // slots 0..31 load with past and accept_len: one dependent round trip fewer before the first bulk load
   int src = g.late_index ? lane : kv_slot_source(acc, a.width, lane);
   const int past = __ldg(a.past_lens + b), len = min(__ldg(a.accept_len + b), a.width);
-  const KvBulkCta c{a, g, b, l0, min(g.layers_per_cta, a.layers - l0), past, part};
+  const KvBulkCta c{a, g, b, l0, min(g.layers_per_cta, a.layers - l0), past};
   uint32_t parity = 0;
   for (int base = 0; base < len; base += 32) {  // 32 accepted slots per ballot, ascending
     const int k = base + lane;

@@ -97,10 +97,9 @@ const Launch kVector = by_vector<New<1, 16, true>::F>;  // the launcher's vector
 
 // The bulk path with L layers per CTA, R rows per batch and S stages where the rows allow it (else the vector kernel,
 // as the launcher does); R = 40 is one 45 KB batch (the s16 shape: 4 CTAs per SM), smaller R lets more CTAs reside.
-// C > 1 (s20): each row's bytes split into C parts, a CTA a part (C times the CTAs, each with 1 / C the shared memory).
-template <int L, int R, int S, bool kLateIndex = false, int C = 1> struct Bulk {
+template <int L, int R, int S, bool kLateIndex = false> struct Bulk {
   static cudaError_t go(const KvCompactArgs& a, cudaStream_t s) {
-    return kdb::kv_bulk_fits(a) ? kdb::kv_compact_bulk_launch(a, s, {L, R, S, kLateIndex, C}) : kVector(a, s);
+    return kdb::kv_bulk_fits(a) ? kdb::kv_compact_bulk_launch(a, s, {L, R, S, kLateIndex}) : kVector(a, s);
   }
 };
 
@@ -129,9 +128,6 @@ const Variant kVariants[] = {
     {"bulk_l1_r16_s1", Bulk<1, 16, 1>::go},
     {"bulk_l1_r8_s1", Bulk<1, 8, 1>::go},
     {"bulk_l1_r4_s2", Bulk<1, 4, 2>::go},
-    {"bulk_l1_r16_s1_c2", Bulk<1, 16, 1, false, 2>::go},  // s20: half rows
-    {"bulk_l1_r16_s1_c4", Bulk<1, 16, 1, false, 4>::go},  // s20: quarter rows
-    {"bulk_l1_r32_s1_c2", Bulk<1, 32, 1, false, 2>::go},  // s20: half rows, a 32-row batch (same smem as r16)
 };
 
 // ---- inputs ------------------------------------------------------------------------------------------
