@@ -96,9 +96,10 @@ __device__ __forceinline__ void lse_merge(float& m, float& s, float m2, float s2
 //   kProbe: admits nothing (wrong outputs): the bench's bound on the streaming and log-sum-exp alone;
 //   kLaneNoFinal: kLane, then the block returns before its final prune, sort and writes (wrong outputs): the bench's
 //           measure of that tail (s19);
-//   kLaneBits: kLane storing by a loop over the set bits of its pass mask, x[j] picked by selects (s20).
+//   kLaneBits: kLane storing by a loop over the set bits of its pass mask, x[j] picked by selects (s20);
+//   kLaneOne: a lane with one candidate stores it as kLaneBits does, a lane with more as kLane does (s20).
 // (A per-key atomic and a per-slot ballot were slower; the figures are in plans/0004 "tree_build".)
-enum Admit : int { kMask = 0, kLane = 1, kProbe = 2, kLaneNoFinal = 3, kLaneBits = 4 };
+enum Admit : int { kMask = 0, kLane = 1, kProbe = 2, kLaneNoFinal = 3, kLaneBits = 4, kLaneOne = 5 };
 
 // x[j] for a runtime j by a chain of selects (an indexed register array would go to local memory; a select tree
 // needs kPer / 2 temporaries and spilled at the 64-register cap).
@@ -122,16 +123,23 @@ __device__ __forceinline__ int admit(uint64_t* keys, TopkSmem& sm, const float (
     append_masked<kPer>(keys, &sm.count, pass, [&](int j) { return make_key(x[j], uint32_t(chunk_index<VW>(c, j))); });
     n = __popc(pass);
   } else if (chunk_max >= thr) {  // kLane: only the lanes holding a candidate
-    if constexpr (kAdmit == kLaneBits) {
+    if constexpr (kAdmit == kLaneBits || kAdmit == kLaneOne) {
       unsigned pass = 0;
 #pragma unroll
       for (int j = 0; j < kPer; ++j) pass |= (x[j] >= thr ? 1u : 0u) << j;
       pass &= valid;
       n = __popc(pass);
       int slot = atomicAdd(&sm.count, n);
-      for (; pass != 0; pass &= pass - 1) {
-        const int j = __ffs(pass) - 1;
-        keys[slot++] = make_key(pick(x, j), uint32_t(chunk_index<VW>(c, j)));
+      if (kAdmit == kLaneBits || n == 1) {
+        for (; pass != 0; pass &= pass - 1) {
+          const int j = __ffs(pass) - 1;
+          keys[slot++] = make_key(pick(x, j), uint32_t(chunk_index<VW>(c, j)));
+        }
+      } else {
+#pragma unroll
+        for (int j = 0; j < kPer; ++j) {
+          if ((pass >> j) & 1u) keys[slot++] = make_key(x[j], uint32_t(chunk_index<VW>(c, j)));
+        }
       }
     } else {
 #pragma unroll

@@ -102,6 +102,8 @@ const Variant kVariants[] = {  // [0] is the shipped one: every other variant is
     {"probe_no_final", kdb::launch_topk<__nv_bfloat16, 8, kdb::vocab::kLaneNoFinal, 512, false>},  // lane/512 without
     // its final prune, sort and writes (s19): lane/512 minus it is that tail; not checked
     {"bits/512", kdb::launch_topk<__nv_bfloat16, 8, kdb::vocab::kLaneBits, 512, false>},  // s20: set-bit store loop
+    {"one/512", kdb::launch_topk<__nv_bfloat16, 8, kdb::vocab::kLaneOne, 512, false>},  // s20: bits for one key, else lane
+    {"one/512/sample", kdb::launch_topk<__nv_bfloat16, 8, kdb::vocab::kLaneOne, 512, true>},  // s20: as shipped at k >= 512
     {"no_pdl", shipped_no_pdl},        // round 4 without programmatic dependent launch
     {"r3_merge", r3_or_shipped},       // round 3's merge (plain launches); k >= 512: the shipped path
 };
