@@ -97,9 +97,10 @@ __device__ __forceinline__ void lse_merge(float& m, float& s, float m2, float s2
 //   kLaneNoFinal: kLane, then the block returns before its final prune, sort and writes (wrong outputs): the bench's
 //           measure of that tail (s19);
 //   kLaneBits: kLane storing by a loop over the set bits of its pass mask, x[j] picked by selects (s20);
-//   kLaneOne: a lane with one candidate stores it as kLaneBits does, a lane with more as kLane does (s20).
+//   kBitsRank / kBitsRank256: kLaneBits, then the block's final cut and sort by rank where it holds <= 512 / 256
+//           keys (s20).
 // (A per-key atomic and a per-slot ballot were slower; the figures are in plans/0004 "tree_build".)
-enum Admit : int { kMask = 0, kLane = 1, kProbe = 2, kLaneNoFinal = 3, kLaneBits = 4, kLaneOne = 5 };
+enum Admit : int { kMask = 0, kLane = 1, kProbe = 2, kLaneNoFinal = 3, kLaneBits = 4, kBitsRank = 5, kBitsRank256 = 6 };
 
 // x[j] for a runtime j by a chain of selects (an indexed register array would go to local memory; a select tree
 // needs kPer / 2 temporaries and spilled at the 64-register cap).
@@ -123,23 +124,16 @@ __device__ __forceinline__ int admit(uint64_t* keys, TopkSmem& sm, const float (
     append_masked<kPer>(keys, &sm.count, pass, [&](int j) { return make_key(x[j], uint32_t(chunk_index<VW>(c, j))); });
     n = __popc(pass);
   } else if (chunk_max >= thr) {  // kLane: only the lanes holding a candidate
-    if constexpr (kAdmit == kLaneBits || kAdmit == kLaneOne) {
+    if constexpr (kAdmit == kLaneBits || kAdmit == kBitsRank || kAdmit == kBitsRank256) {
       unsigned pass = 0;
 #pragma unroll
       for (int j = 0; j < kPer; ++j) pass |= (x[j] >= thr ? 1u : 0u) << j;
       pass &= valid;
       n = __popc(pass);
       int slot = atomicAdd(&sm.count, n);
-      if (kAdmit == kLaneBits || n == 1) {
-        for (; pass != 0; pass &= pass - 1) {
-          const int j = __ffs(pass) - 1;
-          keys[slot++] = make_key(pick(x, j), uint32_t(chunk_index<VW>(c, j)));
-        }
-      } else {
-#pragma unroll
-        for (int j = 0; j < kPer; ++j) {
-          if ((pass >> j) & 1u) keys[slot++] = make_key(x[j], uint32_t(chunk_index<VW>(c, j)));
-        }
+      for (; pass != 0; pass &= pass - 1) {
+        const int j = __ffs(pass) - 1;
+        keys[slot++] = make_key(pick(x, j), uint32_t(chunk_index<VW>(c, j)));
       }
     } else {
 #pragma unroll
@@ -355,7 +349,11 @@ __global__ void __launch_bounds__(kThreads, 4) topk_kernel(TopkArgs a) {
     __syncthreads();
     if (redo) st = stream_exact<T, VW, kAdmit, kMarkMin>(keys, sm, k, row, V, c0, cv, c1);
   }
-  finish_sorted(keys, k, sm);
+  if constexpr (kAdmit == kBitsRank || kAdmit == kBitsRank256) {
+    finish_by_rank<kAdmit == kBitsRank ? 2 * kThreads : kThreads>(keys, k, sm);
+  } else {
+    finish_sorted(keys, k, sm);
+  }
   const float2 ms = block_ms(st, sm);
   if (a.splits == 1) return write_row(keys, ms.x, ms.y, a, r);
   uint64_t* out = a.part_keys + int64_t(blockIdx.x) * k;

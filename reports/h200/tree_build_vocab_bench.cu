@@ -4,7 +4,8 @@
 // (every row, tokens and log-probs bit for bit) before and after timing; timed with CUDA events after a 256 MB
 // L2-flush memset, variants alternating order between rounds (ABBA), next to the 1 GiB copy ceiling. Round 4
 // (2026-12-01 s5): the merge tree and PDL against round 3's merge ("r3_merge") and PDL off ("no_pdl"); s19: the
-// block's final prune, sort and writes ("probe_no_final").
+// block's final prune, sort and writes ("probe_no_final"); s20: admission by set bits ("bits"), the final cut by
+// rank ("bits_rank").
 // Build: nvcc -O3 -std=c++20 -gencode=arch=compute_90a,code=sm_90a -Icsrc reports/h200/tree_build_vocab_bench.cu -o tvb
 // Usage: tvb OUT.jsonl [SHAPES]: times the first SHAPES shapes (all by default); SHAPES < 0: the first -SHAPES
 // shapes, one checked launch per variant and no timing (for ncu).
@@ -102,8 +103,8 @@ const Variant kVariants[] = {  // [0] is the shipped one: every other variant is
     {"probe_no_final", kdb::launch_topk<__nv_bfloat16, 8, kdb::vocab::kLaneNoFinal, 512, false>},  // lane/512 without
     // its final prune, sort and writes (s19): lane/512 minus it is that tail; not checked
     {"bits/512", kdb::launch_topk<__nv_bfloat16, 8, kdb::vocab::kLaneBits, 512, false>},  // s20: set-bit store loop
-    {"one/512", kdb::launch_topk<__nv_bfloat16, 8, kdb::vocab::kLaneOne, 512, false>},  // s20: bits for one key, else lane
-    {"one/512/sample", kdb::launch_topk<__nv_bfloat16, 8, kdb::vocab::kLaneOne, 512, true>},  // s20: as shipped at k >= 512
+    {"bits_rank/512", kdb::launch_topk<__nv_bfloat16, 8, kdb::vocab::kBitsRank, 512, false>},  // s20: + final by rank
+    {"bits_rank256/512", kdb::launch_topk<__nv_bfloat16, 8, kdb::vocab::kBitsRank256, 512, false>},  // s20: n <= 256
     {"no_pdl", shipped_no_pdl},        // round 4 without programmatic dependent launch
     {"r3_merge", r3_or_shipped},       // round 3's merge (plain launches); k >= 512: the shipped path
 };
