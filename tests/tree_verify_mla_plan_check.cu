@@ -5,6 +5,7 @@
 // tile layout (stmatrix fragments against the TMA store's swizzled boxes). Prints one line per failure (at most 20)
 // and the count of shapes; exit status 1 on any failure. No CUDA API call is made.
 #include "../csrc/tree_verify_mla.cu"
+#include "../reports/h200/bench_env.h"  // with_env: a knob set for one check, then restored
 
 #include <cstdio>
 #include <random>
@@ -125,18 +126,20 @@ void check_o_tile() {
 void check_forced_splits() {
   const kdb::TreeVerifyMlaShape ar{1, 1, 64, 1025, 1}, small{2, 9, 16, 100, 1};
   const kdb::TvmPlan model = kdb::tree_verify_mla_plan(ar, 132, kdb::TvmPath::kSeesaw);
-  setenv("KDB_TVM_SPLITS", "3", 1);
-  const kdb::TvmPlan p3 = kdb::tree_verify_mla_plan(ar, 132, kdb::TvmPath::kSeesaw);
-  EXPECT(p3.num_splits == 3 && p3.tail_pieces == 0, "forced 3: %d splits, %d tail pieces", p3.num_splits, p3.tail_pieces);
-  check_shape(ar.batch, ar.nodes, ar.heads, ar.cache_len, 132);
-  setenv("KDB_TVM_SPLITS", "64", 1);
-  const kdb::TvmPlan pcap = kdb::tree_verify_mla_plan(small, 132, kdb::TvmPath::kSeesaw);
-  EXPECT(pcap.num_splits == 2, "forced 64 on 2 KV tiles: %d splits", pcap.num_splits);
-  check_shape(small.batch, small.nodes, small.heads, small.cache_len, 132);
-  setenv("KDB_TVM_SPLITS", "65", 1);
-  const kdb::TvmPlan bad = kdb::tree_verify_mla_plan(ar, 132, kdb::TvmPath::kSeesaw);
-  EXPECT(bad.num_splits == model.num_splits && bad.tail_pieces == model.tail_pieces, "KDB_TVM_SPLITS=65 not ignored");
-  unsetenv("KDB_TVM_SPLITS");
+  with_env("KDB_TVM_SPLITS", "3", [&] {
+    const kdb::TvmPlan p3 = kdb::tree_verify_mla_plan(ar, 132, kdb::TvmPath::kSeesaw);
+    EXPECT(p3.num_splits == 3 && p3.tail_pieces == 0, "forced 3: %d splits, %d tail pieces", p3.num_splits, p3.tail_pieces);
+    check_shape(ar.batch, ar.nodes, ar.heads, ar.cache_len, 132);
+  });
+  with_env("KDB_TVM_SPLITS", "64", [&] {
+    const kdb::TvmPlan pcap = kdb::tree_verify_mla_plan(small, 132, kdb::TvmPath::kSeesaw);
+    EXPECT(pcap.num_splits == 2, "forced 64 on 2 KV tiles: %d splits", pcap.num_splits);
+    check_shape(small.batch, small.nodes, small.heads, small.cache_len, 132);
+  });
+  with_env("KDB_TVM_SPLITS", "65", [&] {
+    const kdb::TvmPlan bad = kdb::tree_verify_mla_plan(ar, 132, kdb::TvmPath::kSeesaw);
+    EXPECT(bad.num_splits == model.num_splits && bad.tail_pieces == model.tail_pieces, "KDB_TVM_SPLITS=65 not ignored");
+  });
 }
 
 }  // namespace

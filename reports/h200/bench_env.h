@@ -9,8 +9,11 @@ auto with_env(const char* name, const char* value, F&& f) {
   const char* was = std::getenv(name);
   const std::string before = was ? was : "";
   setenv(name, value, 1);
-  auto r = f();
-  if (was) setenv(name, before.c_str(), 1);
-  else unsetenv(name);
-  return r;
+  struct Restore {  // also when f returns early (a check's EXPECT) or returns void
+    const char* name;
+    bool was;
+    const std::string& before;
+    ~Restore() { was ? setenv(name, before.c_str(), 1) : unsetenv(name); }
+  } restore{name, was != nullptr, before};
+  return f();
 }
