@@ -239,10 +239,12 @@ cudaError_t tree_build_topk_plan(TopkArgs& a, int forced, int device) {
   return cudaSuccess;
 }
 
-// The vocabulary pass's shipped variant: kLane admission, prune at max(2k, 512) held keys, and from k >= 512
+// The vocabulary pass's shipped variant: prune at max(2k, 512) held keys; to k 64 kBitsRank (about one key a lane
+// admits, and blocks end holding few: 4-8 % faster at batch >= 8, s20), above it kLane admission, and from k >= 512
 // the sampled estimate (kSample; below 512 it costs more than it saves, plans/0004 "tree_build").
 // reports/h200/tree_build_vocab_bench.cu times the others against it.
-constexpr int kAdmitShipped = vocab::kLane, kMarkShipped = 512, kSampleMinK = 512;
+constexpr int kAdmitShipped = vocab::kLane, kAdmitSmallK = vocab::kBitsRank, kSmallKMax = 64;
+constexpr int kMarkShipped = 512, kSampleMinK = 512;
 
 template <typename T, int VW, int kAdmit, int kMarkMin, bool kSample>
 cudaError_t launch_topk(const TopkArgs& a, cudaStream_t stream) {
@@ -258,6 +260,7 @@ cudaError_t launch_topk(const TopkArgs& a, cudaStream_t stream) {
 
 template <typename T, int VW>
 cudaError_t launch_topk_shipped(const TopkArgs& a, cudaStream_t stream) {
+  if (a.k <= kSmallKMax) return launch_topk<T, VW, kAdmitSmallK, kMarkShipped, false>(a, stream);
   return a.k >= kSampleMinK ? launch_topk<T, VW, kAdmitShipped, kMarkShipped, true>(a, stream)
                             : launch_topk<T, VW, kAdmitShipped, kMarkShipped, false>(a, stream);
 }

@@ -225,25 +225,20 @@ __device__ int finish_sorted(uint64_t* keys, int k, TopkSmem& sm) {
   return kk;
 }
 
-// finish_sorted's result by ranks where n = sm.count <= kMaxN <= 2 kThreads (else finish_sorted): thread t ranks
-// keys t and t + kThreads against all n (rank = how many keys are larger; keys are distinct, so ranks are too) and writes the
-// ones of rank < k to keys[rank]. n^2 / kThreads compares a thread: one pass and two barriers, no radix passes.
-template <int kMaxN>
+// finish_sorted's result by ranks where n = sm.count <= kThreads (else finish_sorted): thread t ranks key t against
+// all n (rank = how many keys are larger; keys are distinct, so ranks are too) and writes it to keys[rank] if rank < k.
+// n compares a thread, one pass and two barriers instead of radix passes and a sort (a limit of 2 kThreads keys, two a
+// thread, was slower at k 256: plans/0004 Session 20).
 __device__ int finish_by_rank(uint64_t* keys, int k, TopkSmem& sm) {
-  static_assert(kMaxN <= 2 * kThreads, "two keys a thread");
   __syncthreads();
   const int n = sm.count, t = threadIdx.x;
-  if (n > kMaxN) return finish_sorted(keys, k, sm);  // block-uniform
-  const uint64_t a = t < n ? keys[t] : 0, b = t + kThreads < n ? keys[t + kThreads] : 0;
-  int ra = 0, rb = 0;
+  if (n > kThreads) return finish_sorted(keys, k, sm);  // block-uniform
+  const uint64_t a = t < n ? keys[t] : 0;
+  int ra = 0;
 #pragma unroll 4
-  for (int i = 0; i < n; ++i) {
-    const uint64_t u = keys[i];  // the same address in every lane: a broadcast
-    ra += u > a ? 1 : 0, rb += u > b ? 1 : 0;
-  }
+  for (int i = 0; i < n; ++i) ra += keys[i] > a ? 1 : 0;  // the same address in every lane: a broadcast
   __syncthreads();  // every key is read before any moves
   if (t < n && ra < k) keys[ra] = a;
-  if (t + kThreads < n && rb < k) keys[rb] = b;
   const int kk = min(k, n);
   for (int i = kk + t; i < k; i += kThreads) keys[i] = 0;
   if (t == 0) sm.count = kk;

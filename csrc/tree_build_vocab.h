@@ -97,10 +97,11 @@ __device__ __forceinline__ void lse_merge(float& m, float& s, float m2, float s2
 //   kLaneNoFinal: kLane, then the block returns before its final prune, sort and writes (wrong outputs): the bench's
 //           measure of that tail (s19);
 //   kLaneBits: kLane storing by a loop over the set bits of its pass mask, x[j] picked by selects (s20);
-//   kBitsRank / kBitsRank256: kLaneBits, then the block's final cut and sort by rank where it holds <= 512 / 256
-//           keys (s20).
+//   kBitsRank: kLaneBits, then the block's final cut and sort by rank where it holds <= kThreads keys (s20; shipped
+//           for k <= 64, where lanes admit about one key and blocks end holding few).
+// (A predicated or trash-slot store per j, and kLaneBits for one key only, were slower: plans/0004 Session 20.)
 // (A per-key atomic and a per-slot ballot were slower; the figures are in plans/0004 "tree_build".)
-enum Admit : int { kMask = 0, kLane = 1, kProbe = 2, kLaneNoFinal = 3, kLaneBits = 4, kBitsRank = 5, kBitsRank256 = 6 };
+enum Admit : int { kMask = 0, kLane = 1, kProbe = 2, kLaneNoFinal = 3, kLaneBits = 4, kBitsRank = 5 };
 
 // x[j] for a runtime j by a chain of selects (an indexed register array would go to local memory; a select tree
 // needs kPer / 2 temporaries and spilled at the 64-register cap).
@@ -124,7 +125,7 @@ __device__ __forceinline__ int admit(uint64_t* keys, TopkSmem& sm, const float (
     append_masked<kPer>(keys, &sm.count, pass, [&](int j) { return make_key(x[j], uint32_t(chunk_index<VW>(c, j))); });
     n = __popc(pass);
   } else if (chunk_max >= thr) {  // kLane: only the lanes holding a candidate
-    if constexpr (kAdmit == kLaneBits || kAdmit == kBitsRank || kAdmit == kBitsRank256) {
+    if constexpr (kAdmit == kLaneBits || kAdmit == kBitsRank) {
       unsigned pass = 0;
 #pragma unroll
       for (int j = 0; j < kPer; ++j) pass |= (x[j] >= thr ? 1u : 0u) << j;
@@ -349,8 +350,8 @@ __global__ void __launch_bounds__(kThreads, 4) topk_kernel(TopkArgs a) {
     __syncthreads();
     if (redo) st = stream_exact<T, VW, kAdmit, kMarkMin>(keys, sm, k, row, V, c0, cv, c1);
   }
-  if constexpr (kAdmit == kBitsRank || kAdmit == kBitsRank256) {
-    finish_by_rank<kAdmit == kBitsRank ? 2 * kThreads : kThreads>(keys, k, sm);
+  if constexpr (kAdmit == kBitsRank) {
+    finish_by_rank(keys, k, sm);
   } else {
     finish_sorted(keys, k, sm);
   }

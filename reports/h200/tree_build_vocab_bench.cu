@@ -93,9 +93,13 @@ cudaError_t shipped_no_pdl(const kdb::TopkArgs& a, cudaStream_t stream) {  // ro
 cudaError_t r3_or_shipped(const kdb::TopkArgs& a, cudaStream_t stream) {  // round 3's merge where it applies
   return a.k < 512 ? r3::launch(a, stream) : kdb::launch_topk_shipped<__nv_bfloat16, 8>(a, stream);
 }
+cudaError_t lane_everywhere(const kdb::TopkArgs& a, cudaStream_t stream) {  // s19's shipped choice
+  return a.k >= kdb::kSampleMinK ? kdb::launch_topk<__nv_bfloat16, 8, kdb::vocab::kLane, 512, true>(a, stream)
+                                 : kdb::launch_topk<__nv_bfloat16, 8, kdb::vocab::kLane, 512, false>(a, stream);
+}
 struct Variant { const char* name; Launch fn; };
 const Variant kVariants[] = {  // [0] is the shipped one: every other variant is compared with it
-    {"shipped", kdb::launch_topk_shipped<__nv_bfloat16, 8>},  // lane/512, sampled from k >= 512
+    {"shipped", kdb::launch_topk_shipped<__nv_bfloat16, 8>},  // bits_rank/512 to k 64, lane/512, sampled from k 512
     {"mask/2048", kdb::launch_topk<__nv_bfloat16, 8, kdb::vocab::kMask, 0, false>},   // round 2 (+ bounds)
     {"lane/512", kdb::launch_topk<__nv_bfloat16, 8, kdb::vocab::kLane, 512, false>},
     {"lane/512/sample", kdb::launch_topk<__nv_bfloat16, 8, kdb::vocab::kLane, 512, true>},
@@ -104,7 +108,7 @@ const Variant kVariants[] = {  // [0] is the shipped one: every other variant is
     // its final prune, sort and writes (s19): lane/512 minus it is that tail; not checked
     {"bits/512", kdb::launch_topk<__nv_bfloat16, 8, kdb::vocab::kLaneBits, 512, false>},  // s20: set-bit store loop
     {"bits_rank/512", kdb::launch_topk<__nv_bfloat16, 8, kdb::vocab::kBitsRank, 512, false>},  // s20: + final by rank
-    {"bits_rank256/512", kdb::launch_topk<__nv_bfloat16, 8, kdb::vocab::kBitsRank256, 512, false>},  // s20: n <= 256
+    {"lane/512/nosel", lane_everywhere},  // s20: lane/512 below k 512, the sampled path from it (the launcher until s20)
     {"no_pdl", shipped_no_pdl},        // round 4 without programmatic dependent launch
     {"r3_merge", r3_or_shipped},       // round 3's merge (plain launches); k >= 512: the shipped path
 };
