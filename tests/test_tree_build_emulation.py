@@ -98,3 +98,22 @@ def test_select_kept_counts_the_keys_at_or_above_t(guarded):
         assert k <= kept <= k + slack and (srt[:kept] >= np.uint64(t)).all()
         assert len({int(x) >> 32 for x in srt[k - 1:kept]}) == 1
     assert (broken == 0) if guarded else (broken > 0), f"{broken} key sets with kept != count(keys >= t)"
+
+
+def test_finish_by_rank_is_the_sorted_top_k():
+    """finish_by_rank (to k 64 since s20): ranks of distinct keys are distinct, so writing key i at its rank gives
+    the top min(k, n) sorted descending and 0-padded, as finish_sorted does; also at the 256-key limit and past it
+    (finish_sorted's path), on bf16 ties, one repeated value and -inf."""
+    rng = np.random.default_rng(20)
+    for n in (1, 2, 15, 16, 17, 63, 64, 65, 200, 255, 256, 257, 300):
+        for kind in range(4):
+            v = [rng.normal(0, 3, n), rng.integers(-4, 5, n) * 0.5, np.full(n, -1.25),
+                 np.where(rng.random(n) < 0.4, -np.inf, rng.normal(0, 3, n))][kind].astype(np.float32)
+            v = (v.view(np.uint32) & np.uint32(0xFFFF0000)).view(np.float32)
+            keys = em.make_keys(v, rng.permutation(200000)[:n])
+            for k in (1, 16, 64):
+                want = np.zeros(k, np.uint64)
+                top = np.sort(keys)[::-1][:k]
+                want[:top.size] = top
+                got = em.finish_by_rank(keys, k, rng, em.Device())
+                assert np.array_equal(got, want), (n, kind, k)

@@ -12,6 +12,7 @@ CHUNK = THREADS * PER                   # 4096 logits per block step
 CAP = 6144                              # vocab::kCap keys of shared memory
 COMPACT_AT = CAP - CHUNK                # capacity: prune when more than this are held
 MARK_MIN = 512                          # kMarkShipped: prune already at max(2k, 512) held (prune_mark)
+SMALL_K_MAX = 64                        # kSmallKMax: to this k the block ends by rank (kBitsRank, s20)
 SAMPLE_MIN_K, SAMPLE_MIN_CHUNKS = 512, 8  # kSampleMinK (launcher), kSampleMinChunks
 H200_SMS = 132
 MAX_AUTO_SPLITS = 8                     # tree_build_topk_plan's kMaxAutoSplits
@@ -138,6 +139,17 @@ def _finish_sorted(held: np.ndarray, k: int, rng: np.random.Generator, dev: Devi
     return out
 
 
+def finish_by_rank(held: np.ndarray, k: int, rng: np.random.Generator, dev: Device) -> np.ndarray:
+    """finish_by_rank(): with at most THREADS keys held, key i goes to slot (how many held keys are larger) when
+    that is below k, 0-padded to k; more keys held: finish_sorted()."""
+    if held.size > THREADS:
+        return _finish_sorted(held, k, rng, dev)
+    rank = (held[None, :] > held[:, None]).sum(axis=1)
+    out = np.zeros(k, U64)
+    out[rank[rank < k]] = held[rank < k]
+    return out
+
+
 def sample_estimate(x: np.ndarray, c0: int, cv: int, k: int, vw: int, dev: Device) -> np.float32:
     """sample_estimate(): the value word of radix_select_ge (tie stop once the value word is decided) over the
     THREADS * PER sample keys, vectors spread over the vector chunks [c0, cv) (vector v at c0 * CHUNK / vw +
@@ -180,7 +192,7 @@ def stream_block(x: np.ndarray, c0: int, c1: int, k: int, vw: int, rng: np.rando
         held = _stream(x, c0, c1, k, vw, np.float32(-np.inf), rng, dev)
         if stats is not None:
             stats["restreams"] = stats.get("restreams", 0) + 1
-    return _finish_sorted(held, k, rng, dev)
+    return (finish_by_rank if k <= SMALL_K_MAX else _finish_sorted)(held, k, rng, dev)
 
 
 def merge(parts: np.ndarray, k: int, rng: np.random.Generator, dev: Device) -> np.ndarray:
