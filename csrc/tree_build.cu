@@ -240,7 +240,7 @@ cudaError_t tree_build_topk_plan(TopkArgs& a, int forced, int device) {
 }
 
 // The vocabulary pass's shipped variant: prune at max(2k, 512) held keys; to k 64 kBitsRank (about one key a lane
-// admits, and blocks end holding few: 4-8 % faster at batch >= 8, s20), above it kLane admission, and from k >= 512
+// admits, and blocks end holding few: 6-11 % faster at batch >= 8, s20 call E), above it kLane admission, from k 512
 // the sampled estimate (kSample; below 512 it costs more than it saves, plans/0004 "tree_build").
 // reports/h200/tree_build_vocab_bench.cu times the others against it.
 constexpr int kAdmitShipped = vocab::kLane, kAdmitSmallK = vocab::kBitsRank, kSmallKMax = 64;

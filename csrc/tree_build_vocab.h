@@ -92,15 +92,15 @@ __device__ __forceinline__ void lse_merge(float& m, float& s, float m2, float s2
 //   kMask:  a lane bit mask, one warp scan and one shared atomic per warp, then one guarded store per slot j
 //           (round 2; 1.1-1.2x slower than kLane at B 32, call D of 2026-12-01 s4);
 //   kLane:  lanes holding a candidate only (divergent), one shared atomic per lane for its count (the compiler
-//           aggregates the warp's), then the stores (shipped);
+//           aggregates the warp's), then the stores (shipped above k 64);
 //   kProbe: admits nothing (wrong outputs): the bench's bound on the streaming and log-sum-exp alone;
 //   kLaneNoFinal: kLane, then the block returns before its final prune, sort and writes (wrong outputs): the bench's
 //           measure of that tail (s19);
 //   kLaneBits: kLane storing by a loop over the set bits of its pass mask, x[j] picked by selects (s20);
 //   kBitsRank: kLaneBits, then the block's final cut and sort by rank where it holds <= kThreads keys (s20; shipped
 //           for k <= 64, where lanes admit about one key and blocks end holding few).
-// (A predicated or trash-slot store per j, and kLaneBits for one key only, were slower: plans/0004 Session 20.)
-// (A per-key atomic and a per-slot ballot were slower; the figures are in plans/0004 "tree_build".)
+// (A per-key atomic, a per-slot ballot, a predicated or trash-slot store per j and kLaneBits for one key only were
+// slower; the figures are in plans/0004 "tree_build".)
 enum Admit : int { kMask = 0, kLane = 1, kProbe = 2, kLaneNoFinal = 3, kLaneBits = 4, kBitsRank = 5 };
 
 // x[j] for a runtime j by a chain of selects (an indexed register array would go to local memory; a select tree
@@ -112,24 +112,26 @@ __device__ __forceinline__ float pick(const float (&x)[kPer], int j) {
   return v;
 }
 
+// Bit j set: x[j] is valid and >= thr.
+__device__ __forceinline__ unsigned pass_mask(const float (&x)[kPer], unsigned valid, float thr) {
+  unsigned pass = 0;
+#pragma unroll
+  for (int j = 0; j < kPer; ++j) pass |= (x[j] >= thr ? 1u : 0u) << j;
+  return pass & valid;
+}
+
 template <int kAdmit, int VW>
 __device__ __forceinline__ int admit(uint64_t* keys, TopkSmem& sm, const float (&x)[kPer], float chunk_max,
                                      unsigned valid, int c, float thr) {
   if (kAdmit == kProbe || !__any_sync(kFullMask, chunk_max >= thr)) return 0;
   int n = 0;
   if constexpr (kAdmit == kMask) {
-    unsigned pass = 0;
-#pragma unroll
-    for (int j = 0; j < kPer; ++j) pass |= (x[j] >= thr ? 1u : 0u) << j;
-    pass &= valid;
+    const unsigned pass = pass_mask(x, valid, thr);
     append_masked<kPer>(keys, &sm.count, pass, [&](int j) { return make_key(x[j], uint32_t(chunk_index<VW>(c, j))); });
     n = __popc(pass);
   } else if (chunk_max >= thr) {  // kLane: only the lanes holding a candidate
     if constexpr (kAdmit == kLaneBits || kAdmit == kBitsRank) {
-      unsigned pass = 0;
-#pragma unroll
-      for (int j = 0; j < kPer; ++j) pass |= (x[j] >= thr ? 1u : 0u) << j;
-      pass &= valid;
+      unsigned pass = pass_mask(x, valid, thr);
       n = __popc(pass);
       int slot = atomicAdd(&sm.count, n);
       for (; pass != 0; pass &= pass - 1) {
