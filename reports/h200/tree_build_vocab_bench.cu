@@ -7,8 +7,9 @@
 // block's final prune, sort and writes ("probe_no_final"); s20: admission by set bits ("bits"), the final cut by
 // rank ("bits_rank").
 // Build: nvcc -O3 -std=c++20 -gencode=arch=compute_90a,code=sm_90a -Icsrc reports/h200/tree_build_vocab_bench.cu -o tvb
-// Usage: tvb OUT.jsonl [SHAPES]: times the first SHAPES shapes (all by default); SHAPES < 0: the first -SHAPES
-// shapes, one checked launch per variant and no timing (for ncu).
+// Usage: tvb OUT.jsonl [SHAPES [FIRST]]: times SHAPES shapes from shape FIRST (all from 0 by default); SHAPES < 0:
+// -SHAPES shapes, one checked launch per variant and no timing (for ncu). Inputs come from one generator seeded
+// 2026 and drawn shape by shape, so a shape's logits depend on FIRST.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -118,7 +119,7 @@ constexpr int L = 15, V = 163840, kRounds = 15;
 struct Shape { int batch, k; bool rising; };
 const Shape kShapes[] = {{32, 256, false}, {32, 16, false}, {1, 64, false}, {8, 64, false}, {64, 16, false},
                          {32, 1024, false}, {1, 16, false}, {32, 256, true}, {32, 1024, true}, {64, 1024, false},
-                         {32, 512, false}};
+                         {32, 512, false}, {32, 128, false}, {8, 128, false}, {64, 128, false}};
 
 uint16_t to_bf16(float f) {  // round to nearest even (finite inputs)
   uint32_t u;
@@ -292,8 +293,9 @@ int run_shape(const Shape& sh, bool once, FILE* out, void* flush, cudaEvent_t e0
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc < 2) return std::fprintf(stderr, "usage: %s OUT.jsonl [SHAPES]\n", argv[0]), 2;
+  if (argc < 2) return std::fprintf(stderr, "usage: %s OUT.jsonl [SHAPES [FIRST]]\n", argv[0]), 2;
   const int nshapes = argc > 2 ? std::atoi(argv[2]) : 0, limit = nshapes == 0 ? 1 << 30 : std::abs(nshapes);
+  const int first = argc > 3 ? std::max(0, std::atoi(argv[3])) : 0;
   FILE* out = std::fopen(argv[1], "w");
   void* flush = nullptr;
   CK(cudaMalloc(&flush, 256 << 20));
@@ -303,7 +305,7 @@ int main(int argc, char** argv) {
   std::fprintf(out, "{\"copy_bytes_per_s\": %.6e}\n", copy_bytes_per_s(e0, e1));
   int fails = 0;
   std::mt19937 gen(2026);
-  for (int si = 0; si < int(sizeof(kShapes) / sizeof(kShapes[0])) && si < limit; ++si)
+  for (int si = first; si < int(sizeof(kShapes) / sizeof(kShapes[0])) && si < first + limit; ++si)
     fails += run_shape(kShapes[si], nshapes < 0, out, flush, e0, e1, gen);
   std::fclose(out);
   std::printf("tree_build_vocab_bench: %d mismatches\n", fails);
