@@ -161,6 +161,8 @@ __device__ void write_anc_row(uint64_t* out, int i, int n, int W, const int* par
   }
 }
 
+// Blk: the block policy (DevBlk; the builder bench's profiling policy logs a clock at each barrier and mark).
+template <class Blk = DevBlk>
 __global__ void __launch_bounds__(kBuildThreads) build_kernel(TreeBuildArgs a) {
   extern __shared__ __align__(16) unsigned char build_smem_raw[];
   __shared__ int n_shared;
@@ -174,21 +176,22 @@ __global__ void __launch_bounds__(kBuildThreads) build_kernel(TreeBuildArgs a) {
   int *parent = ints, *rank = ints + N, *depth = ints + 2 * N, *fc = ints + 3 * N, *ns = ints + 4 * N;
   for (int i = threadIdx.x; i < N; i += kBuildThreads) fc[i] = -1, ns[i] = -1;
   pdl_wait();  // launched as a programmatic dependent of the vocabulary pass: its outputs are read from here on
+  Blk::mark();
   const int budget = min(max(a.budgets[b], 0), N - 1);
   const int kb = min(budget, K);  // ranks >= budget can never be popped (Lemma 1)
   // (one load per iteration: batching them as the merge does made ptxas spill 28 B here, s5)
   for (int i = threadIdx.x; i < L * kb; i += kBuildThreads)
     lp[i] = a.top_lp[(int64_t(b) * L + i / kb) * K + i % kb];
-  __syncthreads();
+  Blk::sync();
   int n = -1;
   if (lay.cap >= budget && budget >= kParMinBudget && kb > 0 && L > 0)
-    n = par::build<DevBlk>(lay.tables(build_smem_raw, L), lp, L, kb, budget, lay.cap, parent, rank, depth, score, fc, ns);
+    n = par::build<Blk>(lay.tables(build_smem_raw, L), lp, L, kb, budget, lay.cap, parent, rank, depth, score, fc, ns);
   if (n < 0) {  // not exact in float64, or heavy exact ties at the cut: the heap, which is exact always
     if (threadIdx.x == 0) {
       BestFirst bf{hs + 3, hp + 3, parent, rank, depth, score, fc, ns, lp, L, kb, 0};
       n_shared = bf.run(budget);
     }
-    __syncthreads();
+    Blk::sync();
     n = n_shared;
   }
   const int64_t root = a.root_tokens[b], past = a.past_lens[b];
@@ -206,6 +209,7 @@ __global__ void __launch_bounds__(kBuildThreads) build_kernel(TreeBuildArgs a) {
     write_anc_row(a.anc + o * W, i, n, W, parent);
   }
   if (threadIdx.x == 0) a.n_nodes[b] = n;
+  Blk::mark();
 }
 
 }  // namespace
@@ -218,8 +222,8 @@ cudaError_t tree_build_heap_launch(const TreeBuildArgs& a, cudaStream_t stream) 
       a.words != ceil_div(a.nodes, 64))
     return cudaErrorInvalidValue;
   const size_t smem = tree_build_heap_smem_bytes(a.depth, a.k, a.nodes);
-  KDB_CUDA_TRY(allow_dynamic_smem(build_kernel, smem));
-  return launch_pdl(build_kernel, dim3(unsigned(a.batch)), dim3(kBuildThreads), smem, stream, a);
+  KDB_CUDA_TRY(allow_dynamic_smem(build_kernel<>, smem));
+  return launch_pdl(build_kernel<>, dim3(unsigned(a.batch)), dim3(kBuildThreads), smem, stream, a);
 }
 
 constexpr int64_t kMaxAutoSplits = 8;
