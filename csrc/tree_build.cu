@@ -148,6 +148,12 @@ static_assert(kBuildThreads == vocab::kThreads, "the builder runs on the vocabul
 // Budgets below this take the heap: its ~0.5 us per pop beats the parallel path's fixed ~L rounds of syncs.
 constexpr int kParMinBudget = 32;
 
+// Session 21's A/B switches of build_kernel (plans/0004 "tree_build", Session 21): each on in kOptAll.
+constexpr int kOptRank = 1;     // pop order by counting where cheap (par::rank_order), else preorder and a sort
+constexpr int kOptWordAnc = 2;  // ancestor masks a word a thread (coalesced), instead of a row a thread
+constexpr int kOptVecLoad = 4;  // the log-probs staged by 16-byte loads, all of a thread's in flight at once
+constexpr int kOptAll = kOptRank | kOptWordAnc | kOptVecLoad;
+
 // Row i's ancestor-or-self bits, W words; walking parents gives indices in decreasing order.
 __device__ void write_anc_row(uint64_t* out, int i, int n, int W, const int* parent) {
   int j = i;
@@ -161,39 +167,50 @@ __device__ void write_anc_row(uint64_t* out, int i, int n, int W, const int* par
   }
 }
 
-// Blk: the block policy (DevBlk; the builder bench's profiling policy logs a clock at each barrier and mark).
-template <class Blk = DevBlk>
-__global__ void __launch_bounds__(kBuildThreads) build_kernel(TreeBuildArgs a) {
-  extern __shared__ __align__(16) unsigned char build_smem_raw[];
-  __shared__ int n_shared;
-  const int b = blockIdx.x, N = a.nodes, L = a.depth, K = a.k, W = a.words;
-  const BuildLayout lay(L, K, N);
-  double* hs = reinterpret_cast<double*>(build_smem_raw + lay.heap_s);
-  double* score = reinterpret_cast<double*>(build_smem_raw + lay.score);
-  float* lp = reinterpret_cast<float*>(build_smem_raw + lay.lp);
-  uint32_t* hp = reinterpret_cast<uint32_t*>(build_smem_raw + lay.heap_p);
-  int* ints = reinterpret_cast<int*>(build_smem_raw + lay.ints);
-  int *parent = ints, *rank = ints + N, *depth = ints + 2 * N, *fc = ints + 3 * N, *ns = ints + 4 * N;
-  for (int i = threadIdx.x; i < N; i += kBuildThreads) fc[i] = -1, ns[i] = -1;
-  pdl_wait();  // launched as a programmatic dependent of the vocabulary pass: its outputs are read from here on
-  Blk::mark();
-  const int budget = min(max(a.budgets[b], 0), N - 1);
-  const int kb = min(budget, K);  // ranks >= budget can never be popped (Lemma 1)
-  // (one load per iteration: batching them as the merge does made ptxas spill 28 B here, s5)
-  for (int i = threadIdx.x; i < L * kb; i += kBuildThreads)
-    lp[i] = a.top_lp[(int64_t(b) * L + i / kb) * K + i % kb];
-  Blk::sync();
-  int n = -1;
-  if (lay.cap >= budget && budget >= kParMinBudget && kb > 0 && L > 0)
-    n = par::build<Blk>(lay.tables(build_smem_raw, L), lp, L, kb, budget, lay.cap, parent, rank, depth, score, fc, ns);
-  if (n < 0) {  // not exact in float64, or heavy exact ties at the cut: the heap, which is exact always
-    if (threadIdx.x == 0) {
-      BestFirst bf{hs + 3, hp + 3, parent, rank, depth, score, fc, ns, lp, L, kb, 0};
-      n_shared = bf.run(budget);
-    }
-    Blk::sync();
-    n = n_shared;
+// Word w of row i's ancestor-or-self bits: the chain from i down to the first index below word w.
+__device__ uint64_t anc_word(int i, int w, int n, const int* parent) {
+  uint64_t word = 0;
+  for (int j = i, lo = w << 6; j >= lo;) {
+    if ((j >> 6) == w) word |= 1ull << (j & 63);
+    if (j == 0) break;
+    j = j < n ? parent[j] : 0;  // padding rows hang off the root
   }
+  return word;
+}
+
+// The request's top log-probs [L, kb] into shared memory: kb == K rows are contiguous, so (4 | K) 16-byte loads,
+// kVec of them a thread in flight before the stores; else one float a thread and iteration.
+template <bool kVecLoad>
+__device__ void stage_lp(float* lp, const float* top_lp, int b, int L, int K, int kb) {
+  const float* src = top_lp + int64_t(b) * L * K;
+  if (kVecLoad && kb == K && K % 4 == 0 && reinterpret_cast<uintptr_t>(src) % 16 == 0) {
+    constexpr int kVec = 4;
+    const int n4 = L * K / 4;
+    for (int base = 0; base < n4; base += kVec * kBuildThreads) {
+      float4 v[kVec];
+#pragma unroll
+      for (int u = 0; u < kVec; ++u) {
+        const int i = base + u * kBuildThreads + int(threadIdx.x);
+        if (i < n4) v[u] = reinterpret_cast<const float4*>(src)[i];
+      }
+#pragma unroll
+      for (int u = 0; u < kVec; ++u) {
+        const int i = base + u * kBuildThreads + int(threadIdx.x);
+        if (i < n4) reinterpret_cast<float4*>(lp)[i] = v[u];
+      }
+    }
+    return;
+  }
+  // (one load per iteration: batching them as the merge does made ptxas spill 28 B here, s5)
+  for (int i = threadIdx.x; i < L * kb; i += kBuildThreads) lp[i] = src[(i / kb) * K + i % kb];
+}
+
+// The node tables into the padded outputs: tokens, parents, depths, positions, scores, links a row a thread; the
+// ancestor masks a word a thread (kWordAnc) or a row a thread.
+template <bool kWordAnc>
+__device__ void emit_rows(const TreeBuildArgs& a, int b, int n, const int* parent, const int* rank, const int* depth,
+                          const double* score, const int* fc, const int* ns) {
+  const int N = a.nodes, L = a.depth, K = a.k, W = a.words;
   const int64_t root = a.root_tokens[b], past = a.past_lens[b];
   for (int i = threadIdx.x; i < N; i += kBuildThreads) {
     const int64_t o = int64_t(b) * N + i;
@@ -206,8 +223,47 @@ __global__ void __launch_bounds__(kBuildThreads) build_kernel(TreeBuildArgs a) {
     a.scores[o] = i == 0 ? 0.0 : (real ? score[i] : -INFINITY);
     a.first_child[o] = i < n ? fc[i] : -1;
     a.next_sibling[o] = i < n ? ns[i] : -1;
-    write_anc_row(a.anc + o * W, i, n, W, parent);
+    if (!kWordAnc) write_anc_row(a.anc + o * W, i, n, W, parent);
   }
+  if (kWordAnc)
+    for (int o = threadIdx.x; o < N * W; o += kBuildThreads)
+      a.anc[int64_t(b) * N * W + o] = anc_word(o / W, o % W, n, parent);
+}
+
+// Blk: the block policy (DevBlk; the builder bench's profiling policy logs a clock at each barrier and mark).
+// kParMin: the smallest budget the parallel path takes; kOpt: Session 21's switches (kOptAll ships).
+template <class Blk = DevBlk, int kParMin = kParMinBudget, int kOpt = kOptAll>
+__global__ void __launch_bounds__(kBuildThreads) build_kernel(TreeBuildArgs a) {
+  extern __shared__ __align__(16) unsigned char build_smem_raw[];
+  __shared__ int n_shared;
+  const int b = blockIdx.x, N = a.nodes, L = a.depth, K = a.k;
+  const BuildLayout lay(L, K, N);
+  double* hs = reinterpret_cast<double*>(build_smem_raw + lay.heap_s);
+  double* score = reinterpret_cast<double*>(build_smem_raw + lay.score);
+  float* lp = reinterpret_cast<float*>(build_smem_raw + lay.lp);
+  uint32_t* hp = reinterpret_cast<uint32_t*>(build_smem_raw + lay.heap_p);
+  int* ints = reinterpret_cast<int*>(build_smem_raw + lay.ints);
+  int *parent = ints, *rank = ints + N, *depth = ints + 2 * N, *fc = ints + 3 * N, *ns = ints + 4 * N;
+  for (int i = threadIdx.x; i < N; i += kBuildThreads) fc[i] = -1, ns[i] = -1;
+  pdl_wait();  // launched as a programmatic dependent of the vocabulary pass: its outputs are read from here on
+  Blk::mark();
+  const int budget = min(max(a.budgets[b], 0), N - 1);
+  const int kb = min(budget, K);  // ranks >= budget can never be popped (Lemma 1)
+  stage_lp<(kOpt & kOptVecLoad) != 0>(lp, a.top_lp, b, L, K, kb);
+  Blk::sync();
+  int n = -1;
+  if (lay.cap >= budget && budget >= kParMin && kb > 0 && L > 0)
+    n = par::build<Blk>(lay.tables(build_smem_raw, L), lp, L, kb, budget, lay.cap, parent, rank, depth, score, fc, ns,
+                        (kOpt & kOptRank) ? par::kRankWorkMax : -1);
+  if (n < 0) {  // not exact in float64, or heavy exact ties at the cut: the heap, which is exact always
+    if (threadIdx.x == 0) {
+      BestFirst bf{hs + 3, hp + 3, parent, rank, depth, score, fc, ns, lp, L, kb, 0};
+      n_shared = bf.run(budget);
+    }
+    Blk::sync();
+    n = n_shared;
+  }
+  emit_rows<(kOpt & kOptWordAnc) != 0>(a, b, n, parent, rank, depth, score, fc, ns);
   if (threadIdx.x == 0) a.n_nodes[b] = n;
   Blk::mark();
 }

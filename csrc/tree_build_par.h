@@ -12,8 +12,13 @@ namespace kdb {
 namespace par {
 
 constexpr int kMaxCap = 2048;  // enumerated tuples (pop order key keeps 12 bits for the preorder index)
-constexpr int kMaxDepth = 16;  // L of the parallel path (per-row words live in scratch 16..31 and 48..63)
-constexpr int kScratch = 64;
+constexpr int kMaxDepth = 16;  // L of the parallel path (per-row words live in scratch 16..31, 48..63 and 64..79)
+constexpr int kScratch = 80;
+// Lexicographic digits of an entry (its first kLexLevels ranks + 1, 11 bits each, depth 1 highest; 0 = no rank):
+// tuples that differ within their first kLexLevels ranks compare as their digits do.
+constexpr int kLexLevels = 5, kLexBits = 11;
+// The pop order by ranks (rank_order) when |E| x (entries below depth 1) is at most this; else preorder and a sort.
+constexpr long kRankWorkMax = 1 << 19;
 
 // Enumeration capacity for a budget: a window [budget, cap] of set sizes for the bisection to land in.
 __host__ __device__ inline int cap_for(int budget) { return min(max(4 * budget, 256), kMaxCap); }
@@ -25,13 +30,15 @@ struct ParTables {
   int* par;        // [cap] parent entry, -1 at depth 1
   int* rnk;        // [cap] rank at its depth
   int* coff;       // [cap] first child entry (absolute) once its level is expanded
-  int* sz;         // [cap] subtree size, then (preorder) the sizes of the level's entries before it
+  int* sz;         // [cap] subtree size, then (preorder) the sizes of the level's entries before it, then the entry
+                   // at each pop index
   int* pre;        // [cap] preorder (= lexicographic) index in E
   int* bypre;      // [cap] entry of a preorder index
   int* nodeof;     // [cap] node index in the tree (1-based), 0 if not in it
-  uint64_t* key;   // [pow2 >= cap] pop-order keys
+  uint64_t* key;   // [pow2 >= cap] lexicographic digits (enumerate), then pop-order keys (the sort)
   int* lvl;        // [L + 2] level starts
-  int* scratch;    // [64] block scan (0..7), row_scale (16..31), levels and q (40, 41), finite counts (48..63)
+  int* scratch;    // [80] block scan (0..7), row_scale (16..31), levels and q (40, 41), finite counts (48..63),
+                   // each row's largest magnitude (64..79, float bits)
 };
 
 // Finite entries of a row sorted descending (-inf last).
@@ -62,16 +69,15 @@ __host__ __device__ inline int row_scale(const float* row, int f) {
 
 // Exact mode: all lp are multiples of 2^q and every partial sum the heap forms (|s| <= sum of the rows' largest
 // magnitudes, |s - lp| one row maximum more) stays below 2^(51 + q), so float64 adds are exact (any order) and
-// S / 2^q fits 52 bits. qd[d] = row_scale of row d; a row's largest magnitude is its last finite entry.
+// S / 2^q fits 52 bits. qd[d] = row_scale of row d, mag[d] its largest magnitude (its last finite entry, negated).
 // Returns q, or INT32_MIN if not exact.
-__host__ __device__ inline int exact_scale(const float* lp, const int* f, const int* qd, int L, int kb) {
+__host__ __device__ inline int exact_scale(const float* mag, const int* f, const int* qd, int L) {
   int q = 1 << 20;
   double m_sum = 0.0, m_max = 0.0;
   for (int d = 0; d < L; ++d) {
     if (f[d] == 0) continue;
     q = min(q, qd[d]);
-    const double mag = -double(lp[d * kb + f[d] - 1]);
-    m_sum += mag, m_max = fmax(m_max, mag);
+    m_sum += double(mag[d]), m_max = fmax(m_max, double(mag[d]));
   }
   if (q == (1 << 20)) return 0;  // every lp is 0 or -inf
   return m_sum + m_max < ldexp(1.0, 51 + q) ? q : INT32_MIN;
@@ -105,7 +111,9 @@ __host__ __device__ int enumerate(const ParTables& t, const float* lp, const int
                                   int cap) {
   const int m = count_ge(lp, f[0], 0.0, tau);
   if (m > cap) return -1;
-  for (int i = Blk::tid(); i < m; i += Blk::size()) t.S[i] = double(lp[i]), t.par[i] = -1, t.rnk[i] = i;
+  constexpr int top = kLexBits * (kLexLevels - 1);  // depth 1's digit
+  for (int i = Blk::tid(); i < m; i += Blk::size())
+    t.S[i] = double(lp[i]), t.par[i] = -1, t.rnk[i] = i, t.key[i] = uint64_t(i + 1) << top;
   if (Blk::tid() == 0) t.lvl[0] = 0, t.lvl[1] = m;
   Blk::sync();
   int n = m;
@@ -119,6 +127,7 @@ __host__ __device__ int enumerate(const ParTables& t, const float* lp, const int
     for (int j = Blk::tid(); j < total; j += Blk::size()) {
       const int i = owner(t.coff, a, b, n + j), e = n + j, r = e - t.coff[i];
       t.S[e] = t.S[i] + double(row[r]), t.par[e] = i, t.rnk[e] = r;
+      t.key[e] = t.key[i] | (d < kLexLevels ? uint64_t(r + 1) << (top - kLexBits * d) : 0);
     }
     n += total;
     if (Blk::tid() == 0) t.lvl[d + 1] = n;
@@ -181,10 +190,55 @@ __host__ __device__ int bisect(const ParTables& t, const float* lp, const int* f
   return -1;
 }
 
-// E sorted into pop order (score desc, preorder asc), the first min(budget, n) entries written as nodes.
+// Depth of entry e (1 at level 0).
+__host__ __device__ inline int entry_depth(const ParTables& t, int e) {
+  int d = 1;
+  for (int x = t.par[e]; x >= 0; x = t.par[x]) ++d;
+  return d;
+}
+
+// Entry a's rank tuple before entry b's (a != b; lexicographic, a prefix first), by walking both up to their common
+// ancestor: rank_order's tie-break where both tuples share their first kLexLevels ranks (rare).
+__host__ __device__ inline bool tuple_less(const ParTables& t, int a, int b) {
+  int da = entry_depth(t, a), db = entry_depth(t, b);
+  const int oa = da, ob = db;
+  for (; da > db; --da) a = t.par[a];
+  for (; db > da; --db) b = t.par[b];
+  if (a == b) return oa < ob;
+  while (t.par[a] != t.par[b]) a = t.par[a], b = t.par[b];
+  return t.rnk[a] < t.rnk[b];
+}
+
+// Entry i pops before entry j (i != j): score desc, then rank tuple asc (digits, else the walk).
+__host__ __device__ inline bool precedes(const ParTables& t, int i, int j) {
+  if (t.S[i] != t.S[j]) return t.S[i] > t.S[j];
+  return t.key[i] != t.key[j] ? t.key[i] < t.key[j] : tuple_less(t, i, j);
+}
+
+// Pop order by counting: an entry's pop index is the number of entries before it; level 0 is already in pop order
+// (rank r at index r: scores non-increasing, ties by rank), so it takes a binary search there and one compare per
+// deeper entry. Sets sz[pop index] = entry and nodeof[e] = pop index + 1 (0 from nn on).
 template <class Blk>
-__host__ __device__ int emit(const ParTables& t, int n, int q, int budget, int* parent, int* rank, int* depth,
-                             double* score, int* first_child, int* next_sibling) {
+__host__ __device__ void rank_order(const ParTables& t, int n, int nn) {
+  const int n0 = t.lvl[1];
+  for (int e = Blk::tid(); e < n; e += Blk::size()) {
+    int lo = 0, hi = e < n0 ? 0 : n0;
+    while (lo < hi) {  // level-0 entries before e
+      const int mid = (lo + hi) >> 1;
+      if (precedes(t, mid, e)) lo = mid + 1;
+      else hi = mid;
+    }
+    int r = e < n0 ? e : lo;
+    for (int j = n0; j < n; ++j) r += j != e && precedes(t, j, e) ? 1 : 0;
+    t.nodeof[e] = r < nn ? r + 1 : 0;
+    if (r < nn) t.sz[r] = e;
+  }
+  Blk::sync();
+}
+
+// Pop order by a sort (score desc, preorder asc): what rank_order gives, for large deep levels.
+template <class Blk>
+__host__ __device__ void sort_order(const ParTables& t, int n, int q, int nn) {
   preorder<Blk>(t, n);
   int p = 1;
   while (p < n) p <<= 1;
@@ -200,15 +254,25 @@ __host__ __device__ int emit(const ParTables& t, int n, int q, int budget, int* 
   }
   Blk::sync();
   Blk::sort_desc(t.key, p);
-  const int nn = min(budget, n);
-  for (int j = Blk::tid(); j < nn; j += Blk::size()) t.nodeof[t.bypre[4095 - int(t.key[j] & 4095)]] = j + 1;
+  for (int j = Blk::tid(); j < nn; j += Blk::size()) {  // sz is free once preorder is done
+    const int e = t.bypre[4095 - int(t.key[j] & 4095)];
+    t.nodeof[e] = j + 1, t.sz[j] = e;
+  }
   Blk::sync();
+}
+
+// E in pop order, the first min(budget, n) entries written as nodes: by counting when |E| x (entries below depth
+// 1) <= rank_work_max, else by a sort.
+template <class Blk>
+__host__ __device__ int emit(const ParTables& t, int n, int q, int budget, long rank_work_max, int* parent, int* rank,
+                             int* depth, double* score, int* first_child, int* next_sibling) {
+  const int nn = min(budget, n);
+  if (long(n) * (n - t.lvl[1]) <= rank_work_max) rank_order<Blk>(t, n, nn);
+  else sort_order<Blk>(t, n, q, nn);
   for (int j = Blk::tid(); j < nn; j += Blk::size()) {
-    const int e = t.bypre[4095 - int(t.key[j] & 4095)], i = j + 1, pe = t.par[e];
-    int dd = 1;
-    for (int x = pe; x >= 0; x = t.par[x]) ++dd;
+    const int e = t.sz[j], i = j + 1, pe = t.par[e];
     const int pn = pe < 0 ? 0 : t.nodeof[pe];
-    parent[i] = pn, rank[i] = t.rnk[e], depth[i] = dd, score[i] = t.S[e];
+    parent[i] = pn, rank[i] = t.rnk[e], depth[i] = entry_depth(t, e), score[i] = t.S[e];
     if (t.rnk[e] == 0) first_child[pn] = i;
     else next_sibling[t.nodeof[e - 1]] = i;
   }
@@ -222,19 +286,23 @@ __host__ __device__ int emit(const ParTables& t, int n, int q, int budget, int* 
 template <class Blk>
 __host__ __device__ int build(const ParTables& t, const float* lp, int L, int kb, int budget, int cap,
                               int* parent, int* rank, int* depth, double* score, int* first_child,
-                              int* next_sibling) {
+                              int* next_sibling, long rank_work_max = kRankWorkMax) {
   if (L < 1 || L > kMaxDepth || kb < 1 || budget < 1 || budget > cap) return -1;
   int *f = t.scratch + 48, *qd = t.scratch + 16;  // per row: finite entries, row_scale (L <= kMaxDepth)
-  // One thread per row: the binary searches of all rows run side by side (thread 0 alone took ~5 us at L 15).
-  for (int d = Blk::tid(); d < L; d += Blk::size()) f[d] = finite_count(lp + d * kb, kb), qd[d] = row_scale(lp + d * kb, f[d]);
-  Blk::sync();
-  if (Blk::tid() == 0) t.scratch[41] = exact_scale(lp, f, qd, L, kb);
+  float* mag = reinterpret_cast<float*>(t.scratch + 64);
+  // One thread per row (all in warp 0: L <= 16), then thread 0: no block barrier between them.
+  for (int d = Blk::tid(); d < L; d += Blk::size()) {
+    f[d] = finite_count(lp + d * kb, kb), qd[d] = row_scale(lp + d * kb, f[d]);
+    mag[d] = f[d] > 0 ? -lp[d * kb + f[d] - 1] : 0.f;
+  }
+  Blk::sync_warp();
+  if (Blk::tid() == 0) t.scratch[41] = exact_scale(mag, f, qd, L);
   Blk::sync();
   const int q = t.scratch[41];
   if (q == INT32_MIN || f[0] == 0) return -1;
   const int n = bisect<Blk>(t, lp, f, L, kb, budget, cap);
   if (n < 0) return -1;
-  return emit<Blk>(t, n, q, budget, parent, rank, depth, score, first_child, next_sibling);
+  return emit<Blk>(t, n, q, budget, rank_work_max, parent, rank, depth, score, first_child, next_sibling);
 }
 
 // One thread (the host harness; block code with Blk::size() == 1 runs sequentially).

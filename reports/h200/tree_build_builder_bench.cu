@@ -35,11 +35,27 @@ struct ProfBlk : kdb::vocab::DevBlk {
   __device__ static void sync() { __syncthreads(), mark(); }
 };
 
+template <class Blk, int kParMin, int kOpt>
+cudaError_t launch_v(const kdb::TreeBuildArgs& a, cudaStream_t stream) {  // as tree_build_heap_launch
+  const size_t smem = kdb::tree_build_heap_smem_bytes(a.depth, a.k, a.nodes);
+  CK(kdb::allow_dynamic_smem(kdb::build_kernel<Blk, kParMin, kOpt>, smem));
+  return kdb::launch_pdl(kdb::build_kernel<Blk, kParMin, kOpt>, dim3(unsigned(a.batch)), dim3(kdb::kBuildThreads),
+                         smem, stream, a);
+}
 using Launch = cudaError_t (*)(const kdb::TreeBuildArgs&, cudaStream_t);
+using kdb::DevBlk;
+constexpr int kAll = kdb::kOptAll, kPar = kdb::kParMinBudget;
 struct Variant { const char* name; Launch fn; };
 const Variant kVariants[] = {  // [0] is the shipped one: every other variant is compared with it
     {"shipped", kdb::tree_build_heap_launch},
+    {"opts_off", launch_v<DevBlk, kPar, 0>},  // s21's switches off: s20's builder but for the warp-local prologue
+    {"no_rank", launch_v<DevBlk, kPar, kAll & ~kdb::kOptRank>},
+    {"no_word_anc", launch_v<DevBlk, kPar, kAll & ~kdb::kOptWordAnc>},
+    {"no_vec_load", launch_v<DevBlk, kPar, kAll & ~kdb::kOptVecLoad>},
+    {"par_from_1", launch_v<DevBlk, 1, kAll>},  // the parallel path at every budget (the heap below 32 ships)
 };
+const Variant kProfiled[] = {{"shipped", launch_v<ProfBlk, kPar, kAll>}, {"opts_off", launch_v<ProfBlk, kPar, 0>},
+                             {"par_from_1", launch_v<ProfBlk, 1, kAll>}};
 constexpr int kNV = sizeof(kVariants) / sizeof(kVariants[0]);
 
 struct Shape { int batch, budget; };
@@ -165,13 +181,11 @@ std::vector<std::vector<float>> time_all(const std::vector<kdb::TreeBuildArgs>& 
 
 // One profile launch: per request the cycles from the first mark (after pdl_wait) to the last, and request 0's
 // gaps between consecutive marks (the barriers in program order; plans/0004 maps them to phases).
-void profile(FILE* out, const Shape& sh, kdb::TreeBuildArgs a) {
+void profile(FILE* out, const Shape& sh, kdb::TreeBuildArgs a, const Variant& v) {
   Out o = make_out(a);
   const std::vector<int> zero(64, 0);
   CK(cudaMemcpyToSymbol(g_nmarks, zero.data(), sizeof(int) * 64));
-  const size_t smem = kdb::tree_build_heap_smem_bytes(a.depth, a.k, a.nodes);
-  CK(kdb::allow_dynamic_smem(kdb::build_kernel<ProfBlk>, smem));
-  kdb::build_kernel<ProfBlk><<<unsigned(a.batch), kdb::kBuildThreads, smem>>>(a);
+  CK(v.fn(a, 0));
   CK(cudaDeviceSynchronize());
   std::vector<int> nm(64);
   std::vector<long long> mk(size_t(64) * kMaxMarks);
@@ -183,12 +197,13 @@ void profile(FILE* out, const Shape& sh, kdb::TreeBuildArgs a) {
     tot.push_back(float(mk[size_t(b) * kMaxMarks + n - 1] - mk[size_t(b) * kMaxMarks]));
   }
   const int n0 = std::min(nm[0], kMaxMarks);
-  std::fprintf(out, "{\"batch\": %d, \"budget\": %d, \"profile\": true, \"marks\": %d, \"cycles_median\": %.0f, "
-               "\"cycles_max\": %.0f, \"gaps0\": [", sh.batch, sh.budget, nm[0], quantile(tot, 0.5), quantile(tot, 1));
+  std::fprintf(out, "{\"batch\": %d, \"budget\": %d, \"profile\": \"%s\", \"marks\": %d, \"cycles_median\": %.0f, "
+               "\"cycles_max\": %.0f, \"gaps0\": [", sh.batch, sh.budget, v.name, nm[0], quantile(tot, 0.5),
+               quantile(tot, 1));
   for (int j = 1; j < n0; ++j) std::fprintf(out, "%s%lld", j > 1 ? ", " : "", mk[j] - mk[j - 1]);
   std::fprintf(out, "]}\n");
-  std::printf("B%-3d budget %-5d profile: %d marks, %.0f cycles a block (median; max %.0f)\n", sh.batch, sh.budget,
-              nm[0], quantile(tot, 0.5), quantile(tot, 1));
+  std::printf("B%-3d budget %-5d profile %-10s %d marks, %.0f cycles a block (median; max %.0f)\n", sh.batch,
+              sh.budget, v.name, nm[0], quantile(tot, 0.5), quantile(tot, 1));
   free_out(o);
 }
 
@@ -232,7 +247,7 @@ int run_shape(const Shape& sh, bool once, FILE* out, void* flush, cudaEvent_t e0
       std::printf("B%-3d budget %-5d %-14s %8.2f us (p10 %.2f p90 %.2f)%s\n", B, sh.budget, kVariants[i].name,
                   quantile(tm[i], 0.5), quantile(tm[i], 0.1), quantile(tm[i], 0.9), bad ? "  MISMATCH" : "");
     }
-    profile(out, sh, a);
+    for (const Variant& v : kProfiled) profile(out, sh, a, v);
   }
   for (Out& o : outs) free_out(o);
   for (void* p : {(void*)logits, (void*)t.top_lp, (void*)t.top_tok, (void*)t.lse, (void*)t.part_keys,
