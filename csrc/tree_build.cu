@@ -145,14 +145,16 @@ struct BuildLayout {
 using vocab::DevBlk;
 static_assert(kBuildThreads == vocab::kThreads, "the builder runs on the vocabulary pass's block policy");
 
-// Budgets below this take the heap: its ~0.5 us per pop beats the parallel path's fixed ~L rounds of syncs.
-constexpr int kParMinBudget = 32;
+// Budgets below this take the heap. 1: the parallel path first at every budget (s21 call B: at budget 16 it takes 10-13
+// us a launch where the heap's ~1,200 cycles a pop took 13-15; until s21 the heap ran below 32).
+constexpr int kParMinBudget = 1;
 
 // Session 21's A/B switches of build_kernel (plans/0004 "tree_build", Session 21): each on in kOptAll.
 constexpr int kOptRank = 1;     // pop order by counting where cheap (par::rank_order), else preorder and a sort
-constexpr int kOptWordAnc = 2;  // ancestor masks a word a thread (coalesced), instead of a row a thread
-constexpr int kOptVecLoad = 4;  // the log-probs staged by 16-byte loads, all of a thread's in flight at once
-constexpr int kOptAll = kOptRank | kOptWordAnc | kOptVecLoad;
+constexpr int kOptVecLoad = 2;  // the log-probs staged by 16-byte loads, all of a thread's in flight at once
+constexpr int kOptTokFirst = 4;  // the emission's token gathers (up to kRowsPer a thread) in flight before any store
+constexpr int kOptAll = kOptRank | kOptVecLoad | kOptTokFirst;
+constexpr int kRowsPer = (kTreeBuildMaxNodes + kBuildThreads - 1) / kBuildThreads;
 
 // Row i's ancestor-or-self bits, W words; walking parents gives indices in decreasing order.
 __device__ void write_anc_row(uint64_t* out, int i, int n, int W, const int* parent) {
@@ -165,17 +167,6 @@ __device__ void write_anc_row(uint64_t* out, int i, int n, int W, const int* par
     }
     out[w] = word;
   }
-}
-
-// Word w of row i's ancestor-or-self bits: the chain from i down to the first index below word w.
-__device__ uint64_t anc_word(int i, int w, int n, const int* parent) {
-  uint64_t word = 0;
-  for (int j = i, lo = w << 6; j >= lo;) {
-    if ((j >> 6) == w) word |= 1ull << (j & 63);
-    if (j == 0) break;
-    j = j < n ? parent[j] : 0;  // padding rows hang off the root
-  }
-  return word;
 }
 
 // The request's top log-probs [L, kb] into shared memory: kb == K rows are contiguous, so (4 | K) 16-byte loads,
@@ -205,29 +196,40 @@ __device__ void stage_lp(float* lp, const float* top_lp, int b, int L, int K, in
   for (int i = threadIdx.x; i < L * kb; i += kBuildThreads) lp[i] = src[(i / kb) * K + i % kb];
 }
 
-// The node tables into the padded outputs: tokens, parents, depths, positions, scores, links a row a thread; the
-// ancestor masks a word a thread (kWordAnc) or a row a thread.
-template <bool kWordAnc>
-__device__ void emit_rows(const TreeBuildArgs& a, int b, int n, const int* parent, const int* rank, const int* depth,
-                          const double* score, const int* fc, const int* ns) {
+// The node tables into the padded outputs, a row a thread (a word a thread for the ancestor masks, coalesced, was no
+// faster: s21 call B). kTokFirst: every token gather of the thread first, then the stores.
+template <class Blk, bool kTokFirst>
+__device__ void emit_rows(const TreeBuildArgs& a, int b, int n, int64_t root, int64_t past, const int* parent,
+                          const int* rank, const int* depth, const double* score, const int* fc, const int* ns) {
   const int N = a.nodes, L = a.depth, K = a.k, W = a.words;
-  const int64_t root = a.root_tokens[b], past = a.past_lens[b];
-  for (int i = threadIdx.x; i < N; i += kBuildThreads) {
+  auto token = [&](int i) {
+    return i > 0 && i < n ? a.top_tok[(int64_t(b) * L + depth[i] - 1) * K + rank[i]] : root;
+  };
+  int64_t tok[kRowsPer];
+  if (kTokFirst) {
+#pragma unroll
+    for (int u = 0; u < kRowsPer; ++u) {
+      const int i = int(threadIdx.x) + u * kBuildThreads;
+      if (i < N) tok[u] = token(i);
+    }
+  }
+#pragma unroll
+  for (int u = 0; u < kRowsPer; ++u) {
+    const int i = int(threadIdx.x) + u * kBuildThreads;
+    if (i >= N) break;
     const int64_t o = int64_t(b) * N + i;
     const bool real = i > 0 && i < n;
     const int d = i == 0 ? 0 : (real ? depth[i] : 1);
-    a.tokens[o] = real ? a.top_tok[(int64_t(b) * L + d - 1) * K + rank[i]] : root;
+    a.tokens[o] = kTokFirst ? tok[u] : token(i);
     a.parents[o] = i == 0 ? -1 : (real ? parent[i] : 0);
     a.depths[o] = d;
     a.positions[o] = past + d;
     a.scores[o] = i == 0 ? 0.0 : (real ? score[i] : -INFINITY);
     a.first_child[o] = i < n ? fc[i] : -1;
     a.next_sibling[o] = i < n ? ns[i] : -1;
-    if (!kWordAnc) write_anc_row(a.anc + o * W, i, n, W, parent);
   }
-  if (kWordAnc)
-    for (int o = threadIdx.x; o < N * W; o += kBuildThreads)
-      a.anc[int64_t(b) * N * W + o] = anc_word(o / W, o % W, n, parent);
+  Blk::mark();
+  for (int i = threadIdx.x; i < N; i += kBuildThreads) write_anc_row(a.anc + (int64_t(b) * N + i) * W, i, n, W, parent);
 }
 
 // Blk: the block policy (DevBlk; the builder bench's profiling policy logs a clock at each barrier and mark).
@@ -248,6 +250,7 @@ __global__ void __launch_bounds__(kBuildThreads) build_kernel(TreeBuildArgs a) {
   pdl_wait();  // launched as a programmatic dependent of the vocabulary pass: its outputs are read from here on
   Blk::mark();
   const int budget = min(max(a.budgets[b], 0), N - 1);
+  const int64_t root = a.root_tokens[b], past = a.past_lens[b];  // for the emission, loaded early
   const int kb = min(budget, K);  // ranks >= budget can never be popped (Lemma 1)
   stage_lp<(kOpt & kOptVecLoad) != 0>(lp, a.top_lp, b, L, K, kb);
   Blk::sync();
@@ -263,7 +266,7 @@ __global__ void __launch_bounds__(kBuildThreads) build_kernel(TreeBuildArgs a) {
     Blk::sync();
     n = n_shared;
   }
-  emit_rows<(kOpt & kOptWordAnc) != 0>(a, b, n, parent, rank, depth, score, fc, ns);
+  emit_rows<Blk, (kOpt & kOptTokFirst) != 0>(a, b, n, root, past, parent, rank, depth, score, fc, ns);
   if (threadIdx.x == 0) a.n_nodes[b] = n;
   Blk::mark();
 }

@@ -18,7 +18,7 @@ constexpr int kScratch = 80;
 // tuples that differ within their first kLexLevels ranks compare as their digits do.
 constexpr int kLexLevels = 5, kLexBits = 11;
 // The pop order by ranks (rank_order) when |E| x (entries below depth 1) is at most this; else preorder and a sort.
-constexpr long kRankWorkMax = 1 << 19;
+constexpr long kRankWorkMax = 1 << 18;  // ~25k cycles of compares (s21 call B: the sort of ~1250 entries ~39k)
 
 // Enumeration capacity for a budget: a window [budget, cap] of set sizes for the bisection to land in.
 __host__ __device__ inline int cap_for(int budget) { return min(max(4 * budget, 256), kMaxCap); }
@@ -215,6 +215,26 @@ __host__ __device__ inline bool precedes(const ParTables& t, int i, int j) {
   return t.key[i] != t.key[j] ? t.key[i] < t.key[j] : tuple_less(t, i, j);
 }
 
+// Deeper entries (n0..n-1) before entry e: one branch-free pass of compares (score, then digits); a tie the digits do
+// not break (tuples sharing their first kLexLevels ranks; rare) sends e through the walk (precedes) instead.
+__host__ __device__ inline int deep_before(const ParTables& t, int n0, int n, int e) {
+  const double s = t.S[e];
+  const uint64_t k = t.key[e];
+  int r = 0, same = 0;
+#pragma unroll 4
+  for (int j = n0; j < n; ++j) {
+    const double sj = t.S[j];
+    const uint64_t kj = t.key[j];
+    r += int(sj > s) | (int(sj == s) & int(kj < k));
+    same += int(sj == s) & int(kj == k);
+  }
+  if (same > int(e >= n0)) {  // e itself aside
+    r = 0;
+    for (int j = n0; j < n; ++j) r += j != e && precedes(t, j, e) ? 1 : 0;
+  }
+  return r;
+}
+
 // Pop order by counting: an entry's pop index is the number of entries before it; level 0 is already in pop order
 // (rank r at index r: scores non-increasing, ties by rank), so it takes a binary search there and one compare per
 // deeper entry. Sets sz[pop index] = entry and nodeof[e] = pop index + 1 (0 from nn on).
@@ -228,8 +248,7 @@ __host__ __device__ void rank_order(const ParTables& t, int n, int nn) {
       if (precedes(t, mid, e)) lo = mid + 1;
       else hi = mid;
     }
-    int r = e < n0 ? e : lo;
-    for (int j = n0; j < n; ++j) r += j != e && precedes(t, j, e) ? 1 : 0;
+    const int r = (e < n0 ? e : lo) + deep_before(t, n0, n, e);
     t.nodeof[e] = r < nn ? r + 1 : 0;
     if (r < nn) t.sz[r] = e;
   }

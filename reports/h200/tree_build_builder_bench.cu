@@ -48,14 +48,14 @@ constexpr int kAll = kdb::kOptAll, kPar = kdb::kParMinBudget;
 struct Variant { const char* name; Launch fn; };
 const Variant kVariants[] = {  // [0] is the shipped one: every other variant is compared with it
     {"shipped", kdb::tree_build_heap_launch},
-    {"opts_off", launch_v<DevBlk, kPar, 0>},  // s21's switches off: s20's builder but for the warp-local prologue
+    {"opts_off", launch_v<DevBlk, kPar, 0>},  // s21's switches off (the parallel path from budget 1 and the
+    // warp-local prologue stay)
     {"no_rank", launch_v<DevBlk, kPar, kAll & ~kdb::kOptRank>},
-    {"no_word_anc", launch_v<DevBlk, kPar, kAll & ~kdb::kOptWordAnc>},
     {"no_vec_load", launch_v<DevBlk, kPar, kAll & ~kdb::kOptVecLoad>},
-    {"par_from_1", launch_v<DevBlk, 1, kAll>},  // the parallel path at every budget (the heap below 32 ships)
+    {"no_tok_first", launch_v<DevBlk, kPar, kAll & ~kdb::kOptTokFirst>},
+    {"heap_below_32", launch_v<DevBlk, 32, kAll>},  // the heap below budget 32 (shipped until s21)
 };
-const Variant kProfiled[] = {{"shipped", launch_v<ProfBlk, kPar, kAll>}, {"opts_off", launch_v<ProfBlk, kPar, 0>},
-                             {"par_from_1", launch_v<ProfBlk, 1, kAll>}};
+const Variant kProfiled[] = {{"shipped", launch_v<ProfBlk, kPar, kAll>}, {"opts_off", launch_v<ProfBlk, kPar, 0>}};
 constexpr int kNV = sizeof(kVariants) / sizeof(kVariants[0]);
 
 struct Shape { int batch, budget; };
