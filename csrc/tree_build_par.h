@@ -18,7 +18,7 @@ constexpr int kScratch = 80;
 // tuples that differ within their first kLexLevels ranks compare as their digits do.
 constexpr int kLexLevels = 5, kLexBits = 11;
 // The pop order by ranks (rank_order) when |E| x (entries below depth 1) is at most this; else preorder and a sort.
-constexpr long kRankWorkMax = 1 << 18;  // ~25k cycles of compares (s21 call B: the sort of ~1250 entries ~39k)
+constexpr long kRankWorkMax = 1 << 16;  // <= ~256 compares a thread: below the sort at every n (s21 calls B, C)
 
 // Enumeration capacity for a budget: a window [budget, cap] of set sizes for the bisection to land in.
 __host__ __device__ inline int cap_for(int budget) { return min(max(4 * budget, 256), kMaxCap); }
