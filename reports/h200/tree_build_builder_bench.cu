@@ -18,6 +18,7 @@
 
 #define CK(x) do { cudaError_t e_ = (x); if (e_ != cudaSuccess) { \
   std::fprintf(stderr, "%s:%d %s\n", __FILE__, __LINE__, cudaGetErrorString(e_)); std::exit(1); } } while (0)
+#include "bench_cli.h"
 
 namespace {
 constexpr int L = 15, V = 163840, kRounds = 15, kMaxMarks = 512;
@@ -160,23 +161,10 @@ double quantile(std::vector<float> v, double q) {
   return v[size_t(q * (v.size() - 1) + 0.5)];
 }
 
-// Per variant, kRounds samples (us) after 2 warm-up rounds; the order is reversed on odd rounds (ABBA).
+// Per variant, kRounds samples (us): time_abba (bench_cli.h).
 std::vector<std::vector<float>> time_all(const std::vector<kdb::TreeBuildArgs>& args, void* flush, cudaEvent_t e0,
                                          cudaEvent_t e1) {
-  std::vector<std::vector<float>> t(kNV);
-  for (int round = 0; round < kRounds + 2; ++round)
-    for (int n = 0; n < kNV; ++n) {
-      const int i = round % 2 ? kNV - 1 - n : n;
-      CK(cudaMemsetAsync(flush, round & 0xff, 256 << 20));
-      CK(cudaEventRecord(e0));
-      CK(kVariants[i].fn(args[i], 0));
-      CK(cudaEventRecord(e1));
-      CK(cudaEventSynchronize(e1));
-      float ms;
-      CK(cudaEventElapsedTime(&ms, e0, e1));
-      if (round >= 2) t[i].push_back(ms * 1e3f);
-    }
-  return t;
+  return time_abba(kNV, kRounds, flush, e0, e1, [&](int i) { return kVariants[i].fn(args[i], 0); });
 }
 
 // One profile launch: per request the cycles from the first mark (after pdl_wait) to the last, and request 0's
@@ -258,19 +246,12 @@ int run_shape(const Shape& sh, bool once, FILE* out, void* flush, cudaEvent_t e0
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc < 2) return std::fprintf(stderr, "usage: %s OUT.jsonl [SHAPES [FIRST]]\n", argv[0]), 2;
-  const int nshapes = argc > 2 ? std::atoi(argv[2]) : 0, limit = nshapes == 0 ? 1 << 30 : std::abs(nshapes);
-  const int first = argc > 3 ? std::max(0, std::atoi(argv[3])) : 0;
-  FILE* out = std::fopen(argv[1], "w");
-  void* flush = nullptr;
-  CK(cudaMalloc(&flush, 256 << 20));
-  cudaEvent_t e0, e1;
-  CK(cudaEventCreate(&e0));
-  CK(cudaEventCreate(&e1));
+  BenchCli c;
+  if (!bench_cli_open(argc, argv, c)) return 2;
   int fails = 0;
-  for (int si = first; si < int(sizeof(kShapes) / sizeof(kShapes[0])) && si < first + limit; ++si)
-    fails += run_shape(kShapes[si], nshapes < 0, out, flush, e0, e1, si);
-  std::fclose(out);
+  for (int si = c.first; si < int(sizeof(kShapes) / sizeof(kShapes[0])) && si < c.first + c.limit; ++si)
+    fails += run_shape(kShapes[si], c.once, c.out, c.flush, c.e0, c.e1, si);
+  std::fclose(c.out);
   std::printf("tree_build_builder_bench: %d mismatches\n", fails);
   return fails ? 1 : 0;
 }
