@@ -154,13 +154,20 @@ constexpr int kOptRank = 1;     // pop order by counting where cheap (par::rank_
 constexpr int kOptVecLoad = 2;  // the log-probs staged by 16-byte loads, all of a thread's in flight at once
 constexpr int kOptTokFirst = 4;  // the emission's token gathers (up to kRowsPer a thread) in flight before any store
 constexpr int kOptAll = kOptRank | kOptVecLoad | kOptTokFirst;
+constexpr int kOptAncSparse = 16;  // ancestor masks as coalesced zeros, a barrier, then each row's nonzero words
 constexpr int kOptProbeNoAnc = 8;  // a bench probe: no ancestor masks (outputs wrong by design; never shipped)
 constexpr int kRowsPer = (kTreeBuildMaxNodes + kBuildThreads - 1) / kBuildThreads;
 
-// Row i's ancestor-or-self bits, W words; walking parents gives indices in decreasing order.
+// Row i's ancestor-or-self bits, W words; walking parents gives indices in decreasing order. kSparse: only the
+// nonzero words (at most the row's depth + 1; the caller wrote zeros first).
+template <bool kSparse>
 __device__ void write_anc_row(uint64_t* out, int i, int n, int W, const int* parent) {
   int j = i;
   for (int w = W - 1; w >= 0; --w) {
+    if (kSparse) {  // straight to the next ancestor's word
+      if (j < 0) break;
+      w = j >> 6;
+    }
     uint64_t word = 0;
     while (j >= 0 && (j >> 6) == w) {
       word |= 1ull << (j & 63);
@@ -199,7 +206,7 @@ __device__ void stage_lp(float* lp, const float* top_lp, int b, int L, int K, in
 
 // The node tables into the padded outputs, a row a thread (a word a thread for the ancestor masks, coalesced, was no
 // faster: s21 call B). kTokFirst: every token gather of the thread first, then the stores; !kAnc: a probe.
-template <class Blk, bool kTokFirst, bool kAnc>
+template <class Blk, bool kTokFirst, bool kAnc, bool kAncSparse>
 __device__ void emit_rows(const TreeBuildArgs& a, int b, int n, int64_t root, int64_t past, const int* parent,
                           const int* rank, const int* depth, const double* score, const int* fc, const int* ns) {
   const int N = a.nodes, L = a.depth, K = a.k, W = a.words;
@@ -230,8 +237,13 @@ __device__ void emit_rows(const TreeBuildArgs& a, int b, int n, int64_t root, in
     a.next_sibling[o] = i < n ? ns[i] : -1;
   }
   Blk::mark();
+  uint64_t* anc = a.anc + int64_t(b) * N * W;
+  if (kAnc && kAncSparse) {
+    for (int o = threadIdx.x; o < N * W; o += kBuildThreads) anc[o] = 0;
+    __syncthreads();  // the zeros before any row's words (other threads write them)
+  }
   if (kAnc)
-    for (int i = threadIdx.x; i < N; i += kBuildThreads) write_anc_row(a.anc + (int64_t(b) * N + i) * W, i, n, W, parent);
+    for (int i = threadIdx.x; i < N; i += kBuildThreads) write_anc_row<kAncSparse>(anc + int64_t(i) * W, i, n, W, parent);
 }
 
 // Blk: the block policy (DevBlk; the builder bench's profiling policy logs a clock at each barrier and mark).
@@ -268,7 +280,7 @@ __global__ void __launch_bounds__(kBuildThreads) build_kernel(TreeBuildArgs a) {
     Blk::sync();
     n = n_shared;
   }
-  emit_rows<Blk, (kOpt & kOptTokFirst) != 0, (kOpt & kOptProbeNoAnc) == 0>(a, b, n, root, past, parent, rank, depth, score, fc, ns);
+  emit_rows<Blk, (kOpt & kOptTokFirst) != 0, (kOpt & kOptProbeNoAnc) == 0, (kOpt & kOptAncSparse) != 0>(a, b, n, root, past, parent, rank, depth, score, fc, ns);
   if (threadIdx.x == 0) a.n_nodes[b] = n;
   Blk::mark();
 }

@@ -43,6 +43,7 @@ struct ParTables {
 
 // Finite entries of a row sorted descending (-inf last).
 __host__ __device__ inline int finite_count(const float* row, int kb) {
+  if (kb > 0 && row[kb - 1] > -INFINITY) return kb;  // the usual case: one load, not log2(kb) dependent ones
   int lo = 0, hi = kb;
   while (lo < hi) {
     const int mid = (lo + hi) >> 1;
@@ -55,7 +56,7 @@ __host__ __device__ inline int finite_count(const float* row, int kb) {
 // Row d's share of exact mode (below): the ulp exponent of its first nonzero entry (rows sorted descending,
 // magnitudes ascending, so that entry has the row's smallest ulp), 1 << 20 when every entry is 0 or -inf.
 __host__ __device__ inline int row_scale(const float* row, int f) {
-  int lo = 0, hi = f;  // first entry below 0
+  int lo = 0, hi = f > 0 && row[0] != 0.f ? 0 : f;  // first entry below 0 (usually entry 0: one load)
   while (lo < hi) {
     const int mid = (lo + hi) >> 1;
     if (row[mid] == 0.f) lo = mid + 1;
