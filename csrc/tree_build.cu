@@ -153,8 +153,12 @@ constexpr int kParMinBudget = 1;
 constexpr int kOptRank = 1;     // pop order by counting where cheap (par::rank_order), else preorder and a sort
 constexpr int kOptVecLoad = 2;  // the log-probs staged by 16-byte loads, all of a thread's in flight at once
 constexpr int kOptTokFirst = 4;  // the emission's token gathers (up to kRowsPer a thread) in flight before any store
-constexpr int kOptAll = kOptRank | kOptVecLoad | kOptTokFirst;
-constexpr int kOptAncSparse = 16;  // ancestor masks as coalesced zeros, a barrier, then each row's nonzero words
+// ancestor masks as coalesced zeros, a barrier, then each row's nonzero words, from kAncSparseMinWords words a row
+// (s21 call G: 25-34 % faster builds at budget 1024 (W 17), a tie at 256 (W 5) but B 1, slower at 16-64; W 6-16 not
+// measured)
+constexpr int kOptAncSparse = 16;
+constexpr int kAncSparseMinWords = 8;
+constexpr int kOptAll = kOptRank | kOptVecLoad | kOptTokFirst | kOptAncSparse;
 constexpr int kOptProbeNoAnc = 8;  // a bench probe: no ancestor masks (outputs wrong by design; never shipped)
 constexpr int kRowsPer = (kTreeBuildMaxNodes + kBuildThreads - 1) / kBuildThreads;
 
@@ -238,12 +242,13 @@ __device__ void emit_rows(const TreeBuildArgs& a, int b, int n, int64_t root, in
   }
   Blk::mark();
   uint64_t* anc = a.anc + int64_t(b) * N * W;
-  if (kAnc && kAncSparse) {
+  if (kAnc && kAncSparse && W >= kAncSparseMinWords) {  // block-uniform
     for (int o = threadIdx.x; o < N * W; o += kBuildThreads) anc[o] = 0;
     __syncthreads();  // the zeros before any row's words (other threads write them)
+    for (int i = threadIdx.x; i < N; i += kBuildThreads) write_anc_row<true>(anc + int64_t(i) * W, i, n, W, parent);
+  } else if (kAnc) {
+    for (int i = threadIdx.x; i < N; i += kBuildThreads) write_anc_row<false>(anc + int64_t(i) * W, i, n, W, parent);
   }
-  if (kAnc)
-    for (int i = threadIdx.x; i < N; i += kBuildThreads) write_anc_row<kAncSparse>(anc + int64_t(i) * W, i, n, W, parent);
 }
 
 // Blk: the block policy (DevBlk; the builder bench's profiling policy logs a clock at each barrier and mark).

@@ -55,7 +55,7 @@ const Variant kVariants[] = {  // [0] is the shipped one: every other variant is
     {"no_vec_load", launch_v<DevBlk, kPar, kAll & ~kdb::kOptVecLoad>},
     {"no_tok_first", launch_v<DevBlk, kPar, kAll & ~kdb::kOptTokFirst>},
     {"heap_below_32", launch_v<DevBlk, 32, kAll>},  // the heap below budget 32 (shipped until s21)
-    {"anc_sparse", launch_v<DevBlk, kPar, kAll | kdb::kOptAncSparse>},  // zeros, then each row's nonzero words
+    {"anc_rows", launch_v<DevBlk, kPar, kAll & ~kdb::kOptAncSparse>},  // every word of a row a thread at every W
     {"probe_no_anc", launch_v<DevBlk, kPar, kAll | kdb::kOptProbeNoAnc>},  // no ancestor masks: not checked
 };
 const Variant kProfiled[] = {{"shipped", launch_v<ProfBlk, kPar, kAll>}, {"opts_off", launch_v<ProfBlk, kPar, 0>}};
