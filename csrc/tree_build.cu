@@ -285,7 +285,8 @@ __global__ void __launch_bounds__(kBuildThreads) build_kernel(TreeBuildArgs a) {
     Blk::sync();
     n = n_shared;
   }
-  emit_rows<Blk, (kOpt & kOptTokFirst) != 0, (kOpt & kOptProbeNoAnc) == 0, (kOpt & kOptAncSparse) != 0>(a, b, n, root, past, parent, rank, depth, score, fc, ns);
+  constexpr bool kTok = (kOpt & kOptTokFirst) != 0, kAnc = (kOpt & kOptProbeNoAnc) == 0;
+  emit_rows<Blk, kTok, kAnc, (kOpt & kOptAncSparse) != 0>(a, b, n, root, past, parent, rank, depth, score, fc, ns);
   if (threadIdx.x == 0) a.n_nodes[b] = n;
   Blk::mark();
 }

@@ -4,7 +4,8 @@
 // variant's against the shipped one's bit for bit, before and after timing; timed with CUDA events after a 256 MB
 // L2-flush memset, variants alternating order between rounds (ABBA). A profile launch (`ProfBlk`: thread 0 logs
 // clock64 at each barrier and mark of the builder) gives where a block's time goes. s21: plans/0004 "tree_build".
-// Build: nvcc -O3 -std=c++20 -gencode=arch=compute_90a,code=sm_90a -Icsrc reports/h200/tree_build_builder_bench.cu -o tbb
+// Build: nvcc -O3 -std=c++20 -gencode=arch=compute_90a,code=sm_90a -Icsrc \
+//   reports/h200/tree_build_builder_bench.cu -o tbb
 // Usage: tbb OUT.jsonl [SHAPES [FIRST]]: SHAPES shapes from shape FIRST (all from 0 by default); SHAPES < 0: -SHAPES
 // shapes, checked once, no timing (for compute-sanitizer and ncu).
 #include <algorithm>
