@@ -140,9 +140,11 @@ def test_hostile_scenario_name_stays_inside_runs(tmp_path, monkeypatch, capsys):
 def test_sigterm_and_sighup_stop_like_ctrl_c(tmp_path, sig, code):
     run = tmp_path / "r"
     proc = _slow_run_with_a_record(tmp_path, run)
+    # for the message (seen once in CI: the child ran on, plans/0013): its handler, and the records so far
+    caught, before = _catches(proc.pid, sig), _lines(run / "records.jsonl")
     proc.send_signal(sig)
     out, err = proc.communicate(timeout=60)
-    assert proc.returncode == code, err
+    assert proc.returncode == code, f"{sig.name} caught: {caught}; records before it: {before}\n{err}"
     assert "Traceback" not in err and f"interrupted ({signal.Signals(sig).name})" in err
     meta = load_meta(run)
     assert meta["status"] == "interrupted" and meta["stopped_by"] == signal.Signals(sig).name
