@@ -153,13 +153,13 @@ constexpr int kParMinBudget = 1;
 constexpr int kOptRank = 1;     // pop order by counting where cheap (par::rank_order), else preorder and a sort
 constexpr int kOptVecLoad = 2;  // the log-probs staged by 16-byte loads, all of a thread's in flight at once
 constexpr int kOptTokFirst = 4;  // the emission's token gathers (up to kRowsPer a thread) in flight before any store
+constexpr int kOptProbeNoAnc = 8;  // a bench probe: no ancestor masks (outputs wrong by design; never shipped)
 // ancestor masks as coalesced zeros, a barrier, then each row's nonzero words, from kAncSparseMinWords words a row
 // (s21 call G: 25-34 % faster builds at budget 1024 (W 17), a tie at 256 (W 5) but B 1, slower at 16-64; W 6-16 not
 // measured)
 constexpr int kOptAncSparse = 16;
 constexpr int kAncSparseMinWords = 8;
-constexpr int kOptAll = kOptRank | kOptVecLoad | kOptTokFirst | kOptAncSparse;
-constexpr int kOptProbeNoAnc = 8;  // a bench probe: no ancestor masks (outputs wrong by design; never shipped)
+constexpr int kOptAll = kOptRank | kOptVecLoad | kOptTokFirst | kOptAncSparse;  // the probe is never in it
 constexpr int kRowsPer = (kTreeBuildMaxNodes + kBuildThreads - 1) / kBuildThreads;
 
 // Row i's ancestor-or-self bits, W words; walking parents gives indices in decreasing order. kSparse: only the
