@@ -280,9 +280,10 @@ __device__ __forceinline__ void stream_chunks(S& s, const T* row, int V, int c0,
 // word t with at least m samples >= t (the m-th largest sample's value, or, when its bin is taken whole, that
 // value with the undecided low bits zeroed: at most the m-th, at least the (m+1)-th). Not a bound: the kernel
 // streams the block again from -inf when fewer than k logits were >= it. Returns -inf when that value is -inf
-// (too few finite samples) or NaN. All threads.
+// (too few finite samples) or NaN. kAim: the fixed-threshold stream (kFix) aims at about kAim k logits instead of 4 k.
+// All threads.
 constexpr int kSampleMinChunks = 8;
-template <typename T, int VW>
+template <typename T, int VW, int kAim = 4>
 __device__ __forceinline__ float sample_estimate(const T* row, int c0, int cv, int k, uint64_t* keys, TopkSmem& sm) {
   constexpr int kSampleVecs = kThreads * (kPer / VW);
   const int64_t stride = int64_t(cv - c0) * (kChunk / VW) / kSampleVecs;
@@ -298,7 +299,7 @@ __device__ __forceinline__ float sample_estimate(const T* row, int c0, int cv, i
     keys[v * VW + j % VW] = make_key(x[j], uint32_t((int64_t(c0) * (kChunk / VW) + v * stride) * VW + j % VW));
   }
   __syncthreads();
-  const int m = max(8, 4 * k / (cv - c0));
+  const int m = max(8, kAim * k / (cv - c0));
   const uint64_t t = radix_select_ge(keys, kChunk, m, kChunk, sm).t;  // tie stop once the value word is decided
   __syncthreads();  // the keys are scratch: the stream appends from slot 0
   const float est = float_from_order_key(uint32_t(t >> 32));
@@ -317,9 +318,51 @@ __device__ __noinline__ LseState stream_exact(uint64_t* keys, TopkSmem& sm, int 
   return s.st;
 }
 
+// kFix: the block streams once with the sampled estimate as a fixed admission threshold: no prunes, so no barrier
+// in the stream (warps run apart), and a lane stores its few keys >= thr by its set bits (the estimate aims at about
+// kFix k keys: ~one a holding lane). A lane whose keys would pass kCap stores none; the count still grows, so after
+// the stream count > kCap (too low an estimate) or count < k (too high) means the block streams again exactly.
+struct FixedStream {
+  uint64_t* keys;
+  TopkSmem& sm;
+  float thr;
+  LseState st;
+  template <int VW>
+  __device__ __forceinline__ void consume(const float (&x)[kPer], unsigned valid, int c) {
+    if (!(st.add(x) >= thr)) return;
+    unsigned pass = pass_mask(x, valid, thr);
+    const int n = __popc(pass);
+    int slot = atomicAdd(&sm.count, n);
+    if (slot + n > kCap) return;
+    for (; pass != 0; pass &= pass - 1) {
+      const int j = __ffs(pass) - 1;
+      keys[slot++] = make_key(pick(x, j), uint32_t(chunk_index<VW>(c, j)));
+    }
+  }
+};
+
+// The block's stream with the fixed threshold est (-inf: none), then the exact stream where it did not hold at least
+// k and at most kCap keys >= est. Returns the log-sum-exp state of the stream whose keys are held.
+template <typename T, int VW, int kAdmit, int kMarkMin>
+__device__ __forceinline__ LseState fixed_stream(uint64_t* keys, TopkSmem& sm, int k, float est, const T* row, int V,
+                                                 int c0, int cv, int c1) {
+  LseState st;
+  if (est > -INFINITY) {  // block-uniform
+    FixedStream s{keys, sm, est};
+    stream_chunks<T, VW>(s, row, V, c0, cv, c1);
+    st = s.st;
+  }
+  __syncthreads();
+  const bool redo = !(est > -INFINITY) || sm.count < k || sm.count > kCap;
+  __syncthreads();  // every thread has read the count before the exact stream zeroes it
+  if (redo) st = stream_exact<T, VW, kAdmit, kMarkMin>(keys, sm, k, row, V, c0, cv, c1);
+  return st;
+}
+
 // Block (row r, split s) streams chunks [s * cps, (s + 1) * cps) of row r. Unsplit (splits == 1): writes the
 // row's outputs. Split: writes its top-min(k, held) keys, sorted and 0-padded to k, and its (m, s) partials.
-template <typename T, int VW, int kAdmit, int kMarkMin, bool kSample>
+// kFix > 0 (with kSample): the fixed-threshold stream above, aimed at about kFix k keys.
+template <typename T, int VW, int kAdmit, int kMarkMin, bool kSample, int kFix = 0>
 __global__ void __launch_bounds__(kThreads, 4) topk_kernel(TopkArgs a) {
   extern __shared__ __align__(16) unsigned char topk_smem_raw[];
   uint64_t* keys = reinterpret_cast<uint64_t*>(topk_smem_raw);  // [kCap]
@@ -337,20 +380,25 @@ __global__ void __launch_bounds__(kThreads, 4) topk_kernel(TopkArgs a) {
   const int cv = max(c0, min(c1, nfull));     // vector chunks [c0, cv), scalar chunks [cv, c1)
   float est = -INFINITY;
   if constexpr (kSample && VW > 1) {
-    if (cv - c0 >= kSampleMinChunks) est = sample_estimate<T, VW>(row, c0, cv, k, keys, sm);
+    if (cv - c0 >= kSampleMinChunks) est = sample_estimate<T, VW, (kFix > 0 ? kFix : 4)>(row, c0, cv, k, keys, sm);
   }
-  Stream<kAdmit, kMarkMin> s{keys, sm, k, est};
-  stream_chunks<T, VW>(s, row, V, c0, cv, c1);
-  if constexpr (kAdmit == kLaneNoFinal) {  // keep the log-sum-exp live (never true: s >= 0), then stop
-    if (s.st.s < 0.f && a.lse != nullptr) a.lse[r] = s.st.m;
-    return;
-  }
-  LseState st = s.st;
-  if (est > -INFINITY) {  // block-uniform
-    __syncthreads();
-    const bool redo = sm.count < k;  // fewer than k logits were >= est: est was above the k-th
-    __syncthreads();
-    if (redo) st = stream_exact<T, VW, kAdmit, kMarkMin>(keys, sm, k, row, V, c0, cv, c1);
+  LseState st;
+  if constexpr (kFix > 0) {
+    st = fixed_stream<T, VW, kAdmit, kMarkMin>(keys, sm, k, est, row, V, c0, cv, c1);
+  } else {
+    Stream<kAdmit, kMarkMin> s{keys, sm, k, est};
+    stream_chunks<T, VW>(s, row, V, c0, cv, c1);
+    if constexpr (kAdmit == kLaneNoFinal) {  // keep the log-sum-exp live (never true: s >= 0), then stop
+      if (s.st.s < 0.f && a.lse != nullptr) a.lse[r] = s.st.m;
+      return;
+    }
+    st = s.st;
+    if (est > -INFINITY) {  // block-uniform
+      __syncthreads();
+      const bool redo = sm.count < k;  // fewer than k logits were >= est: est was above the k-th
+      __syncthreads();
+      if (redo) st = stream_exact<T, VW, kAdmit, kMarkMin>(keys, sm, k, row, V, c0, cv, c1);
+    }
   }
   if constexpr (kAdmit == kBitsRank) {
     finish_by_rank(keys, k, sm);

@@ -5,7 +5,7 @@
 // L2-flush memset, variants alternating order between rounds (ABBA), next to the 1 GiB copy ceiling. Round 4
 // (2026-12-01 s5): the merge tree and PDL against round 3's merge ("r3_merge") and PDL off ("no_pdl"); s19: the
 // block's final prune, sort and writes ("probe_no_final"); s20: admission by set bits ("bits"), the final cut by
-// rank ("bits_rank").
+// rank ("bits_rank"); s22: a fixed threshold from the sampled estimate, one stream without barriers ("fixed2/4/8").
 // Build: nvcc -O3 -std=c++20 -gencode=arch=compute_90a,code=sm_90a -Icsrc reports/h200/tree_build_vocab_bench.cu -o tvb
 // Usage: tvb OUT.jsonl [SHAPES [FIRST]]: times SHAPES shapes from shape FIRST (all from 0 by default); SHAPES < 0:
 // -SHAPES shapes, one checked launch per variant and no timing (for ncu). Inputs come from one generator seeded
@@ -111,6 +111,11 @@ const Variant kVariants[] = {  // [0] is the shipped one: every other variant is
     {"bits/512", kdb::launch_topk<__nv_bfloat16, 8, kdb::vocab::kLaneBits, 512, false>},  // s20: set-bit store loop
     {"bits_rank/512", kdb::launch_topk<__nv_bfloat16, 8, kdb::vocab::kBitsRank, 512, false>},  // s20: + final by rank
     {"lane/512/nosel", lane_everywhere},  // s20: lane/512 below k 512, the sampled path from it (the launcher until s20)
+    // s22: one stream with the sampled estimate as a fixed threshold (kFix), aimed at 2 / 4 / 8 k keys; blocks of
+    // fewer than 8 chunks (batch 1's splits) and failed estimates take the exact stream (bits_rank/512)
+    {"fixed2", kdb::launch_topk<__nv_bfloat16, 8, kdb::vocab::kBitsRank, 512, true, 2>},
+    {"fixed4", kdb::launch_topk<__nv_bfloat16, 8, kdb::vocab::kBitsRank, 512, true, 4>},
+    {"fixed8", kdb::launch_topk<__nv_bfloat16, 8, kdb::vocab::kBitsRank, 512, true, 8>},
     {"no_pdl", shipped_no_pdl},        // round 4 without programmatic dependent launch
     {"r3_merge", r3_or_shipped},       // round 3's merge (plain launches); k >= 512: the shipped path
 };
