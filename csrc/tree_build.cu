@@ -329,10 +329,10 @@ cudaError_t tree_build_topk_plan(TopkArgs& a, int forced, int device) {
 constexpr int kAdmitShipped = vocab::kLane, kAdmitSmallK = vocab::kBitsRank, kSmallKMax = 64;
 constexpr int kMarkShipped = 512, kSampleMinK = 512;
 
-template <typename T, int VW, int kAdmit, int kMarkMin, bool kSample, int kFix = 0>
+template <typename T, int VW, int kAdmit, int kMarkMin, bool kSample, int kFix = 0, int kEst = 0>
 cudaError_t launch_topk(const TopkArgs& a, cudaStream_t stream) {
   const size_t smem = vocab::kCap * sizeof(uint64_t);
-  auto* kernel = vocab::topk_kernel<T, VW, kAdmit, kMarkMin, kSample, kFix>;
+  auto* kernel = vocab::topk_kernel<T, VW, kAdmit, kMarkMin, kSample, kFix, kEst>;
   KDB_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
   kernel<<<unsigned(a.rows * a.splits), vocab::kThreads, smem, stream>>>(a);
   KDB_LAUNCH_CHECK();

@@ -280,10 +280,48 @@ __device__ __forceinline__ void stream_chunks(S& s, const T* row, int V, int c0,
 // word t with at least m samples >= t (the m-th largest sample's value, or, when its bin is taken whole, that
 // value with the undecided low bits zeroed: at most the m-th, at least the (m+1)-th). Not a bound: the kernel
 // streams the block again from -inf when fewer than k logits were >= it. Returns -inf when that value is -inf
-// (too few finite samples) or NaN. kAim: the fixed-threshold stream (kFix) aims at about kAim k logits instead of 4 k.
-// All threads.
+// (too few finite samples) or NaN. kAim (the fixed-threshold stream, kFix): m = max(8, kAim k / chunks), or with
+// kAim < 0 the z rule (sample_m). kEst 1: bisect_estimate instead of the radix select. All threads.
 constexpr int kSampleMinChunks = 8;
-template <typename T, int VW, int kAim = 4>
+
+// The z rule: the smallest m with m f - k >= z sqrt(m) f, f = logits per sample (the block's chunks): about m f
+// logits are >= the m-th largest sample, with a spread of about sqrt(m) f, so fewer than k are >= it z = 4 spreads
+// below the mean (a second stream in about 3e-5 of the blocks).
+__device__ __forceinline__ int sample_m(int k, int chunks) {
+  constexpr float z = 4.f;
+  const float f = float(chunks), s = (z * f + sqrtf(z * z * f * f + 4.f * f * float(k))) / (2.f * f);
+  return min(kChunk, max(8, int(ceilf(s * s))));
+}
+
+// The largest 16-bit p with at least m of the samples' order keys >= p << 16, by 16 steps of a block count (one
+// barrier each, the counts double-buffered in sm.hist), returned as the float whose order key is p << 16: at least
+// m samples are >= it, and it is at most the m-th largest sample.
+__device__ float bisect_estimate(const float (&x)[kPer], int m, TopkSmem& sm) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  uint32_t h[kPer];
+#pragma unroll
+  for (int j = 0; j < kPer; ++j) h[j] = float_order_key(x[j]) >> 16;
+  uint32_t lo = 0, hi = 0x10000u;  // count(>= lo << 16) >= m (all 4096 at 0), count(>= hi << 16) < m
+#pragma unroll 1
+  for (int step = 0; step < 16; ++step) {
+    const uint32_t mid = (lo + hi) >> 1;
+    int c = 0;
+#pragma unroll
+    for (int j = 0; j < kPer; ++j) c += h[j] >= mid ? 1 : 0;
+    c = __reduce_add_sync(kFullMask, c);
+    uint32_t* red = sm.hist + (step & 1) * kWarps;
+    if (lane == 0) red[warp] = uint32_t(c);
+    __syncthreads();
+    uint32_t tot = 0;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) tot += red[w];
+    if (tot >= uint32_t(m)) lo = mid;
+    else hi = mid;
+  }
+  return float_from_order_key(lo << 16);
+}
+
+template <typename T, int VW, int kAim = 4, int kEst = 0>
 __device__ __forceinline__ float sample_estimate(const T* row, int c0, int cv, int k, uint64_t* keys, TopkSmem& sm) {
   constexpr int kSampleVecs = kThreads * (kPer / VW);
   const int64_t stride = int64_t(cv - c0) * (kChunk / VW) / kSampleVecs;
@@ -293,13 +331,18 @@ __device__ __forceinline__ float sample_estimate(const T* row, int c0, int cv, i
     r.v[q] = __ldg(reinterpret_cast<const uint4*>(row) + int64_t(c0) * (kChunk / VW) + (q * kThreads + threadIdx.x) * stride);
   float x[kPer];
   r.to_float(x);
+  if constexpr (kEst == 1) {
+    const float est = bisect_estimate(x, kAim < 0 ? sample_m(k, cv - c0) : max(8, kAim * k / (cv - c0)), sm);
+    __syncthreads();  // sm.hist is scratch: the stream's prunes use it
+    return isnan(est) ? -INFINITY : est;
+  }
 #pragma unroll
   for (int j = 0; j < kPer; ++j) {
     const int v = (j / VW) * kThreads + int(threadIdx.x);
     keys[v * VW + j % VW] = make_key(x[j], uint32_t((int64_t(c0) * (kChunk / VW) + v * stride) * VW + j % VW));
   }
   __syncthreads();
-  const int m = max(8, kAim * k / (cv - c0));
+  const int m = kAim < 0 ? sample_m(k, cv - c0) : max(8, kAim * k / (cv - c0));
   const uint64_t t = radix_select_ge(keys, kChunk, m, kChunk, sm).t;  // tie stop once the value word is decided
   __syncthreads();  // the keys are scratch: the stream appends from slot 0
   const float est = float_from_order_key(uint32_t(t >> 32));
@@ -361,8 +404,9 @@ __device__ __forceinline__ LseState fixed_stream(uint64_t* keys, TopkSmem& sm, i
 
 // Block (row r, split s) streams chunks [s * cps, (s + 1) * cps) of row r. Unsplit (splits == 1): writes the
 // row's outputs. Split: writes its top-min(k, held) keys, sorted and 0-padded to k, and its (m, s) partials.
-// kFix > 0 (with kSample): the fixed-threshold stream above, aimed at about kFix k keys.
-template <typename T, int VW, int kAdmit, int kMarkMin, bool kSample, int kFix = 0>
+// kFix != 0 (with kSample): the fixed-threshold stream above, the estimate aimed at about kFix k keys (kFix < 0: the
+// z rule); kEst: the estimate's method (0 radix select, 1 bisection).
+template <typename T, int VW, int kAdmit, int kMarkMin, bool kSample, int kFix = 0, int kEst = 0>
 __global__ void __launch_bounds__(kThreads, 4) topk_kernel(TopkArgs a) {
   extern __shared__ __align__(16) unsigned char topk_smem_raw[];
   uint64_t* keys = reinterpret_cast<uint64_t*>(topk_smem_raw);  // [kCap]
@@ -380,25 +424,34 @@ __global__ void __launch_bounds__(kThreads, 4) topk_kernel(TopkArgs a) {
   const int cv = max(c0, min(c1, nfull));     // vector chunks [c0, cv), scalar chunks [cv, c1)
   float est = -INFINITY;
   if constexpr (kSample && VW > 1) {
-    if (cv - c0 >= kSampleMinChunks) est = sample_estimate<T, VW, (kFix > 0 ? kFix : 4)>(row, c0, cv, k, keys, sm);
+    if (cv - c0 >= kSampleMinChunks) est = sample_estimate<T, VW, (kFix != 0 ? kFix : 4), kEst>(row, c0, cv, k, keys, sm);
   }
-  LseState st;
-  if constexpr (kFix > 0) {
-    st = fixed_stream<T, VW, kAdmit, kMarkMin>(keys, sm, k, est, row, V, c0, cv, c1);
-  } else {
-    Stream<kAdmit, kMarkMin> s{keys, sm, k, est};
-    stream_chunks<T, VW>(s, row, V, c0, cv, c1);
-    if constexpr (kAdmit == kLaneNoFinal) {  // keep the log-sum-exp live (never true: s >= 0), then stop
-      if (s.st.s < 0.f && a.lse != nullptr) a.lse[r] = s.st.m;
-      return;
+  if constexpr (kFix != 0) {
+    const LseState st = fixed_stream<T, VW, kAdmit, kMarkMin>(keys, sm, k, est, row, V, c0, cv, c1);
+    if constexpr (kAdmit == kBitsRank) {
+      finish_by_rank(keys, k, sm);
+    } else {
+      finish_sorted(keys, k, sm);
     }
-    st = s.st;
-    if (est > -INFINITY) {  // block-uniform
-      __syncthreads();
-      const bool redo = sm.count < k;  // fewer than k logits were >= est: est was above the k-th
-      __syncthreads();
-      if (redo) st = stream_exact<T, VW, kAdmit, kMarkMin>(keys, sm, k, row, V, c0, cv, c1);
-    }
+    const float2 ms = block_ms(st, sm);
+    if (a.splits == 1) return write_row(keys, ms.x, ms.y, a, r);
+    uint64_t* out = a.part_keys + int64_t(blockIdx.x) * k;
+    for (int j = threadIdx.x; j < k; j += kThreads) out[j] = keys[j];
+    if (threadIdx.x == 0) reinterpret_cast<float2*>(a.part_ms)[blockIdx.x] = ms;
+    return;
+  }
+  Stream<kAdmit, kMarkMin> s{keys, sm, k, est};
+  stream_chunks<T, VW>(s, row, V, c0, cv, c1);
+  if constexpr (kAdmit == kLaneNoFinal) {  // keep the log-sum-exp live (never true: s >= 0), then stop
+    if (s.st.s < 0.f && a.lse != nullptr) a.lse[r] = s.st.m;
+    return;
+  }
+  LseState st = s.st;
+  if (est > -INFINITY) {  // block-uniform
+    __syncthreads();
+    const bool redo = sm.count < k;  // fewer than k logits were >= est: est was above the k-th
+    __syncthreads();
+    if (redo) st = stream_exact<T, VW, kAdmit, kMarkMin>(keys, sm, k, row, V, c0, cv, c1);
   }
   if constexpr (kAdmit == kBitsRank) {
     finish_by_rank(keys, k, sm);

@@ -111,11 +111,15 @@ const Variant kVariants[] = {  // [0] is the shipped one: every other variant is
     {"bits/512", kdb::launch_topk<__nv_bfloat16, 8, kdb::vocab::kLaneBits, 512, false>},  // s20: set-bit store loop
     {"bits_rank/512", kdb::launch_topk<__nv_bfloat16, 8, kdb::vocab::kBitsRank, 512, false>},  // s20: + final by rank
     {"lane/512/nosel", lane_everywhere},  // s20: lane/512 below k 512, the sampled path from it (the launcher until s20)
-    // s22: one stream with the sampled estimate as a fixed threshold (kFix), aimed at 2 / 4 / 8 k keys; blocks of
-    // fewer than 8 chunks (batch 1's splits) and failed estimates take the exact stream (bits_rank/512)
+    // s22: one stream with the sampled estimate as a fixed threshold (kFix), aimed at 2 / 4 k keys or by the z rule
+    // ("z"); "b": the estimate by bisection. Blocks of fewer than 8 chunks (batch 1's splits) and failed estimates take
+    // the exact stream (bits_rank/512). lane/512/sample_b: lane/512/sample with the bisection estimate.
     {"fixed2", kdb::launch_topk<__nv_bfloat16, 8, kdb::vocab::kBitsRank, 512, true, 2>},
     {"fixed4", kdb::launch_topk<__nv_bfloat16, 8, kdb::vocab::kBitsRank, 512, true, 4>},
-    {"fixed8", kdb::launch_topk<__nv_bfloat16, 8, kdb::vocab::kBitsRank, 512, true, 8>},
+    {"fixed4b", kdb::launch_topk<__nv_bfloat16, 8, kdb::vocab::kBitsRank, 512, true, 4, 1>},
+    {"fixedzb", kdb::launch_topk<__nv_bfloat16, 8, kdb::vocab::kBitsRank, 512, true, -1, 1>},
+    {"fixedzb/lane", kdb::launch_topk<__nv_bfloat16, 8, kdb::vocab::kLane, 512, true, -1, 1>},
+    {"lane/512/sample_b", kdb::launch_topk<__nv_bfloat16, 8, kdb::vocab::kLane, 512, true, 0, 1>},
     {"no_pdl", shipped_no_pdl},        // round 4 without programmatic dependent launch
     {"r3_merge", r3_or_shipped},       // round 3's merge (plain launches); k >= 512: the shipped path
 };
