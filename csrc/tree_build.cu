@@ -323,11 +323,14 @@ cudaError_t tree_build_topk_plan(TopkArgs& a, int forced, int device) {
 }
 
 // The vocabulary pass's shipped variant: prune at max(2k, 512) held keys; to k 64 kBitsRank (about one key a lane
-// admits, and blocks end holding few: 6-11 % faster at batch >= 8, s20 call E), above it kLane admission, from k 512
-// the sampled estimate (kSample; below 512 it costs more than it saves, plans/0004 "tree_build").
-// reports/h200/tree_build_vocab_bench.cu times the others against it.
+// admits, and blocks end holding few: 6-11 % faster at batch >= 8, s20 call E). Above it, where the plan gives blocks
+// of at least kSampleMinChunks chunks, one stream with the sampled estimate as a fixed threshold (kFix: the z rule
+// for the sample count, the estimate by bisection; 12-29 % faster at batch >= 32, s22 call B), its rare second stream
+// kLane admission; else kLane admission, from k 512 with the sampled estimate as a floor (kSample; below 512 it costs
+// more than it saves, plans/0004 "tree_build"). reports/h200/tree_build_vocab_bench.cu times the others against it.
 constexpr int kAdmitShipped = vocab::kLane, kAdmitSmallK = vocab::kBitsRank, kSmallKMax = 64;
 constexpr int kMarkShipped = 512, kSampleMinK = 512;
+constexpr int kFixZRule = -1, kEstBisect = 1;
 
 template <typename T, int VW, int kAdmit, int kMarkMin, bool kSample, int kFix = 0, int kEst = 0>
 cudaError_t launch_topk(const TopkArgs& a, cudaStream_t stream) {
@@ -344,6 +347,8 @@ cudaError_t launch_topk(const TopkArgs& a, cudaStream_t stream) {
 template <typename T, int VW>
 cudaError_t launch_topk_shipped(const TopkArgs& a, cudaStream_t stream) {
   if (a.k <= kSmallKMax) return launch_topk<T, VW, kAdmitSmallK, kMarkShipped, false>(a, stream);
+  if (VW > 1 && std::min(a.chunks_per_split, a.vocab / vocab::kChunk) >= vocab::kSampleMinChunks)  // blocks sample
+    return launch_topk<T, VW, kAdmitShipped, kMarkShipped, true, kFixZRule, kEstBisect>(a, stream);
   return a.k >= kSampleMinK ? launch_topk<T, VW, kAdmitShipped, kMarkShipped, true>(a, stream)
                             : launch_topk<T, VW, kAdmitShipped, kMarkShipped, false>(a, stream);
 }

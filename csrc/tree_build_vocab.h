@@ -288,9 +288,9 @@ constexpr int kSampleMinChunks = 8;
 // logits are >= the m-th largest sample, with a spread of about sqrt(m) f, so fewer than k are >= it z = 4 spreads
 // below the mean (a second stream in about 3e-5 of the blocks).
 __device__ __forceinline__ int sample_m(int k, int chunks) {
-  constexpr float z = 4.f;
-  const float f = float(chunks), s = (z * f + sqrtf(z * z * f * f + 4.f * f * float(k))) / (2.f * f);
-  return min(kChunk, max(8, int(ceilf(s * s))));
+  constexpr double z = 4.0;
+  const double f = chunks, s = (z * f + sqrt(z * z * f * f + 4.0 * f * k)) / (2.0 * f);
+  return min(kChunk, max(8, int(ceil(s * s))));
 }
 
 // The largest 16-bit p with at least m of the samples' order keys >= p << 16, by 16 steps of a block count (one
@@ -335,18 +335,19 @@ __device__ __forceinline__ float sample_estimate(const T* row, int c0, int cv, i
     const float est = bisect_estimate(x, kAim < 0 ? sample_m(k, cv - c0) : max(8, kAim * k / (cv - c0)), sm);
     __syncthreads();  // sm.hist is scratch: the stream's prunes use it
     return isnan(est) ? -INFINITY : est;
-  }
+  } else {
 #pragma unroll
-  for (int j = 0; j < kPer; ++j) {
-    const int v = (j / VW) * kThreads + int(threadIdx.x);
-    keys[v * VW + j % VW] = make_key(x[j], uint32_t((int64_t(c0) * (kChunk / VW) + v * stride) * VW + j % VW));
+    for (int j = 0; j < kPer; ++j) {
+      const int v = (j / VW) * kThreads + int(threadIdx.x);
+      keys[v * VW + j % VW] = make_key(x[j], uint32_t((int64_t(c0) * (kChunk / VW) + v * stride) * VW + j % VW));
+    }
+    __syncthreads();
+    const int m = kAim < 0 ? sample_m(k, cv - c0) : max(8, kAim * k / (cv - c0));
+    const uint64_t t = radix_select_ge(keys, kChunk, m, kChunk, sm).t;  // tie stop once the value word is decided
+    __syncthreads();  // the keys are scratch: the stream appends from slot 0
+    const float est = float_from_order_key(uint32_t(t >> 32));
+    return isnan(est) ? -INFINITY : est;
   }
-  __syncthreads();
-  const int m = kAim < 0 ? sample_m(k, cv - c0) : max(8, kAim * k / (cv - c0));
-  const uint64_t t = radix_select_ge(keys, kChunk, m, kChunk, sm).t;  // tie stop once the value word is decided
-  __syncthreads();  // the keys are scratch: the stream appends from slot 0
-  const float est = float_from_order_key(uint32_t(t >> 32));
-  return isnan(est) ? -INFINITY : est;
 }
 
 // The block's chunks streamed again from -inf (after an estimate above the k-th): outlined, so the rare second

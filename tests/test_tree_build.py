@@ -75,6 +75,10 @@ CASES = [
     Case(20, 15, 32000, 256, "bfloat16", "flat", 34),
     Case(20, 15, 32003, 16, "float32", "rising", 35),
     Case(18, 16, 65536, 200, "bfloat16", "ties", 36),
+    # added in s22 for the fixed-threshold stream (kFix: k > 64, unsplit rows of >= 8 vector chunks; the ties case
+    # above overflows kCap there and streams again): normal bf16 at k 256, fp32 (4-logit vectors) at k 128
+    Case(20, 15, 65536, 256, "bfloat16", "normal", 37),
+    Case(20, 15, 65536, 128, "float32", "normal", 38),
 ]
 IDS = [f"b{c.batch}-L{c.depth}-V{c.vocab}-B{c.budget}-{c.dtype}-{c.logits}" for c in CASES]
 

@@ -18,7 +18,8 @@ def _run(case: Case, forced: int, dev: em.Device) -> tuple[np.ndarray, list[np.n
     """(values [B, L, V], emulated top_tok per request, reference top_tok per request) for the GPU test's inputs."""
     x = logit_values(case, np.random.default_rng(case.seed))
     k = min(case.budget, case.vocab)
-    got = [em.topk_tokens(x[b], k, forced, dev, ELEM_BYTES[case.dtype]) for b in range(case.batch)]
+    rows = case.batch * case.depth  # the GPU test launches the whole batch: the plan counts its rows
+    got = [em.topk_tokens(x[b], k, forced, dev, ELEM_BYTES[case.dtype], plan_rows=rows) for b in range(case.batch)]
     want = [ref.topk_logprobs(x[b], k)[1] for b in range(case.batch)]
     return x, got, want
 
@@ -48,6 +49,40 @@ def test_emulated_decoy_restreams_and_stays_exact():
         got = em.topk_tokens(x[0], k, 1, em.Device("random", seed=case.seed), ELEM_BYTES[case.dtype], stats)
         np.testing.assert_array_equal(got, ref.topk_logprobs(x[0], k)[1])
         assert stats.get("restreams", 0) == case.depth, (case.dtype, stats)
+
+
+def test_emulated_fixed_stream_holds_or_streams_again():
+    """The kFix kernel (k > 64, blocks of >= 8 vector chunks): normal rows hold k..CAP keys >= the estimate and
+    stream once; a 9-value tie row puts thousands of logits at the estimate, overflows CAP and streams again; rows
+    of fewer than 8 vector chunks never take the kernel. The top-k is the reference's in each."""
+    for seed, want_restreams in ((37, 0), (38, 0), (36, 16)):
+        case = next(c for c in CASES if c.seed == seed)
+        x = logit_values(case, np.random.default_rng(case.seed))
+        k, stats = min(case.budget, case.vocab), {}
+        vw = 16 // ELEM_BYTES[case.dtype]
+        assert em.uses_fixed(case.vocab, k, vw, em.plan(case.batch * case.depth, case.vocab, k)[1], em.Device())
+        got = em.topk_tokens(x[0], k, 0, em.Device(seed=case.seed), ELEM_BYTES[case.dtype], stats,
+                             plan_rows=case.batch * case.depth)
+        np.testing.assert_array_equal(got, ref.topk_logprobs(x[0], k)[1])
+        assert stats.get("restreams", 0) == want_restreams, (case, stats)
+    assert not em.uses_fixed(32000, 256, 8, 8, em.Device())  # 7 vector chunks
+    assert not em.uses_fixed(163840, 64, 8, 40, em.Device())  # k 64: kBitsRank
+
+
+def test_bisect_estimate_is_below_the_mth_sample():
+    """bisect_estimate: at least m samples are >= it, and it is at most the m-th largest sample (so the count of
+    logits >= it is at least the count >= that sample), on normal, tie, -inf and NaN-free rising rows."""
+    rng = np.random.default_rng(22)
+    for kind in range(4):
+        x = [rng.normal(0, 3, 163840), rng.integers(-4, 5, 163840) * 0.5, np.full(163840, -1.25),
+             np.where(rng.random(163840) < 0.5, -np.inf, np.linspace(-8, 8, 163840))][kind].astype(np.float32)
+        for k, vw in ((65, 8), (256, 8), (1024, 4)):
+            est = em.bisect_estimate(x, 0, 40, k, vw)
+            stride = 40 * (em.CHUNK // vw) // (em.THREADS * em.PER // vw)
+            g = np.arange(em.THREADS * em.PER // vw) * stride
+            sample = x[(g[:, None] * vw + np.arange(vw)[None, :]).ravel()]
+            m = em.sample_m(k, 40)
+            assert np.sum(sample >= est) >= m and est <= np.sort(sample)[::-1][m - 1], (kind, k, est)
 
 
 # The tie cases the H200 failed (gpu_tests.log of 2026-12-01 session 2) with the forced split count of the failure.

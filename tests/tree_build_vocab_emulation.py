@@ -162,6 +162,36 @@ def sample_estimate(x: np.ndarray, c0: int, cv: int, k: int, vw: int, dev: Devic
     return value_of(t >> 32)
 
 
+def sample_m(k: int, chunks: int) -> int:
+    """sample_m(): the z rule (z = 4), the smallest m with m f - k >= z sqrt(m) f (f = the block's vector chunks),
+    clamped to [8, CHUNK]; float64 as the device (which may contract into FMAs: m can differ by one there, and m
+    decides only how many keys are held and how often a block streams again, not the outputs)."""
+    z, f = 4.0, float(chunks)
+    s = (z * f + np.sqrt(z * z * f * f + 4.0 * f * k)) / (2.0 * f)
+    return int(min(CHUNK, max(8, np.ceil(s * s))))
+
+
+def bisect_estimate(x: np.ndarray, c0: int, cv: int, k: int, vw: int) -> np.float32:
+    """sample_estimate<.., kEst 1>: the sample of sample_estimate(), then the largest 16-bit p with at least
+    sample_m(k, cv - c0) order keys >> 16 >= p, as the float whose order key is p << 16; NaN -> -inf."""
+    nvecs = THREADS * (PER // vw)
+    stride = (cv - c0) * (CHUNK // vw) // nvecs
+    g = c0 * (CHUNK // vw) + np.arange(nvecs) * stride
+    ids = (g[:, None] * vw + np.arange(vw)[None, :]).ravel()
+    hi = (make_keys(x[ids], ids) >> U64(48)).astype(np.int64)   # float_order_key >> 16 (make_key's -0 is +0: same)
+    m = sample_m(k, cv - c0)
+    p = int(np.sort(hi)[::-1][m - 1])                              # the largest p with count(hi >= p) >= m
+    return value_of(p << 16)
+
+
+def fixed_stream(x: np.ndarray, c0: int, c1: int, k: int, est: np.float32) -> np.ndarray | None:
+    """FixedStream over chunks [c0, c1): the keys of every logit >= est (their slots' order does not matter: the
+    block sorts them); None when fewer than k or more than CAP are (the kernel then streams again from -inf)."""
+    lo, hi = c0 * CHUNK, min(c1 * CHUNK, x.size)
+    ids = lo + np.flatnonzero(x[lo:hi] >= est)
+    return make_keys(x[ids], ids) if k <= ids.size <= CAP else None
+
+
 def _stream(x: np.ndarray, c0: int, c1: int, k: int, vw: int, floor: np.float32, rng: np.random.Generator,
             dev: Device) -> np.ndarray:
     """Stream.consume over chunks [c0, c1): admission from max(first_bound, floor), prunes at the mark."""
@@ -179,11 +209,24 @@ def _stream(x: np.ndarray, c0: int, c1: int, k: int, vw: int, floor: np.float32,
 
 
 def stream_block(x: np.ndarray, c0: int, c1: int, k: int, vw: int, rng: np.random.Generator, dev: Device,
-                 stats: dict | None = None):
-    """topk_kernel for one (row, split) block over chunks [c0, c1) of the row x (float32 [V]): the sampled
-    estimate from k >= SAMPLE_MIN_K on >= SAMPLE_MIN_CHUNKS vector chunks, a second stream from -inf when fewer
-    than k logits were >= it (counted in stats['restreams'])."""
+                 stats: dict | None = None, fixed: bool = False):
+    """topk_kernel for one (row, split) block over chunks [c0, c1) of the row x (float32 [V]). fixed (the launcher's
+    kFix kernel): on >= SAMPLE_MIN_CHUNKS vector chunks one fixed-threshold stream from bisect_estimate, else (or
+    when it does not hold k to CAP keys) the exact stream from -inf. Otherwise the sampled estimate as a floor from
+    k >= SAMPLE_MIN_K on >= SAMPLE_MIN_CHUNKS vector chunks, a second stream from -inf when fewer than k logits were
+    >= it. Second streams are counted in stats['restreams']."""
     cv = max(c0, min(c1, x.size // CHUNK if vw > 1 else 0))
+    finish = finish_by_rank if k <= SMALL_K_MAX else _finish_sorted
+    if fixed:
+        held = None
+        if cv - c0 >= SAMPLE_MIN_CHUNKS:
+            est = bisect_estimate(x, c0, cv, k, vw)
+            held = fixed_stream(x, c0, c1, k, est) if est > -np.inf else None
+            if held is None and stats is not None:
+                stats["restreams"] = stats.get("restreams", 0) + 1
+        if held is None:
+            held = _stream(x, c0, c1, k, vw, np.float32(-np.inf), rng, dev)
+        return finish(held, k, rng, dev)
     est = np.float32(-np.inf)
     if dev.bounds and k >= SAMPLE_MIN_K and cv - c0 >= SAMPLE_MIN_CHUNKS:
         est = sample_estimate(x, c0, cv, k, vw, dev)
@@ -192,7 +235,13 @@ def stream_block(x: np.ndarray, c0: int, c1: int, k: int, vw: int, rng: np.rando
         held = _stream(x, c0, c1, k, vw, np.float32(-np.inf), rng, dev)
         if stats is not None:
             stats["restreams"] = stats.get("restreams", 0) + 1
-    return (finish_by_rank if k <= SMALL_K_MAX else _finish_sorted)(held, k, rng, dev)
+    return finish(held, k, rng, dev)
+
+
+def uses_fixed(vocab: int, k: int, vw: int, cps: int, dev: Device) -> bool:
+    """launch_topk_shipped's choice of the kFix kernel: k above SMALL_K_MAX, vector loads, and blocks of at least
+    SAMPLE_MIN_CHUNKS vector chunks (dev.bounds=False models older code: never)."""
+    return dev.bounds and k > SMALL_K_MAX and vw > 1 and min(cps, vocab // CHUNK) >= SAMPLE_MIN_CHUNKS
 
 
 def merge(parts: np.ndarray, k: int, rng: np.random.Generator, dev: Device) -> np.ndarray:
@@ -228,17 +277,20 @@ def plan(rows: int, vocab: int, k: int, forced: int = 0, sms: int = H200_SMS) ->
 
 
 def topk_tokens(x: np.ndarray, k: int, forced: int, dev: Device, elem_bytes: int,
-                stats: dict | None = None) -> np.ndarray:
-    """tree_build_topk's top_tok for logits x [rows, V] (values exactly float32): [rows, k] int64."""
+                stats: dict | None = None, plan_rows: int = 0) -> np.ndarray:
+    """tree_build_topk's top_tok for logits x [rows, V] (values exactly float32): [rows, k] int64. plan_rows: the
+    launch's rows when x is one request of a batch (the plan counts the whole batch's rows)."""
     rows, V = x.shape
-    splits, cps = plan(rows, V, k, forced)
+    splits, cps = plan(plan_rows or rows, V, k, forced)
     vw = 16 // elem_bytes if (V * elem_bytes) % 16 == 0 else 1      # 16-byte vectors when rows stay aligned
     nchunks = -(-V // CHUNK)
     rng = np.random.default_rng(dev.seed)
     out = np.zeros((rows, k), np.int64)
     for r in range(rows):
         xr = x[r].astype(np.float32)
-        parts = [stream_block(xr, s * cps, min(nchunks, (s + 1) * cps), k, vw, rng, dev, stats) for s in range(splits)]
+        fixed = uses_fixed(V, k, vw, cps, dev)
+        parts = [stream_block(xr, s * cps, min(nchunks, (s + 1) * cps), k, vw, rng, dev, stats, fixed)
+                 for s in range(splits)]
         keys = parts[0] if splits == 1 else merge(np.concatenate(parts), k, rng, dev)
         out[r] = (~(keys & U64(0xFFFFFFFF)).astype(np.uint32)).astype(np.int64)
     return out

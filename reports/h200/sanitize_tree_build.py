@@ -19,7 +19,7 @@ for dtype in (torch.bfloat16, torch.float32):
             past = torch.full((b,), 63, dtype=torch.int32, device=dev)
             cuda_ext.tree_build(logits, budgets, roots, past, budget)
             cuda_ext.tree_build_topk(logits, min(budget, v), 3)
-# the sampled estimate (k >= 512 on >= 8 vector chunks per split) and its second stream, and k 64: 2 rows of V 163840,
+# the sampled estimate (k > 64 on >= 8 vector chunks per split) and its second stream, and k 64: 2 rows of V 163840,
 # unsplit and 3 splits; the decoy rows put the unsplit sample's logits (bf16: vector v * 40 of 8) above all others,
 # so the unsplit k 1024 rows stream a second time (the 3-split samples miss the decoys: no second stream there)
 for dtype in (torch.bfloat16, torch.float32):
@@ -28,9 +28,12 @@ for dtype in (torch.bfloat16, torch.float32):
     # vector v * 40 (bf16: 8 logits) of every 320-logit group, rising with v (113 distinct bf16 values): fewer than
     # k logits are >= the estimate
     decoy.view(1, 2, 512, 320)[..., :8] = 10.0 + torch.arange(512, device=dev).view(512, 1) / 64
-    for logits in (normal.to(dtype), decoy.to(dtype)):
+    ties = torch.randint(-4, 5, (1, 2, 163840), generator=g, device=dev).float().mul_(0.5)
+    for logits in (normal.to(dtype), decoy.to(dtype), ties.to(dtype)):
         for splits in (1, 3):
-            for k in (1024, 64):  # the sampled path; k 64: the unsampled kernel on bf16 vectors (added after call E)
+            # k 1024 and 256: the fixed-threshold stream (s22; its second stream on the decoys, fewer than k logits
+            # >= the estimate, and on the ties, more than kCap); k 64: the unsampled kernel on bf16 vectors
+            for k in (1024, 256, 64):
                 cuda_ext.tree_build_topk(logits, k, splits)
 torch.cuda.synchronize()
 print("sanitize_tree_build: all kernels ran")

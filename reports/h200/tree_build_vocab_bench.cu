@@ -5,7 +5,8 @@
 // L2-flush memset, variants alternating order between rounds (ABBA), next to the 1 GiB copy ceiling. Round 4
 // (2026-12-01 s5): the merge tree and PDL against round 3's merge ("r3_merge") and PDL off ("no_pdl"); s19: the
 // block's final prune, sort and writes ("probe_no_final"); s20: admission by set bits ("bits"), the final cut by
-// rank ("bits_rank"); s22: a fixed threshold from the sampled estimate, one stream without barriers ("fixed2/4/8").
+// rank ("bits_rank"); s22: a fixed threshold from the sampled estimate, one stream without barriers ("fixed*"; the
+// radix-select estimate aimed at 2 / 4 / 8 k keys and lane/512/sample by bisection ran in s22 calls A and B only).
 // Build: nvcc -O3 -std=c++20 -gencode=arch=compute_90a,code=sm_90a -Icsrc reports/h200/tree_build_vocab_bench.cu -o tvb
 // Usage: tvb OUT.jsonl [SHAPES [FIRST]]: times SHAPES shapes from shape FIRST (all from 0 by default); SHAPES < 0:
 // -SHAPES shapes, one checked launch per variant and no timing (for ncu). Inputs come from one generator seeded
@@ -99,27 +100,27 @@ cudaError_t lane_everywhere(const kdb::TopkArgs& a, cudaStream_t stream) {  // s
   return a.k >= kdb::kSampleMinK ? kdb::launch_topk<__nv_bfloat16, 8, kdb::vocab::kLane, 512, true>(a, stream)
                                  : kdb::launch_topk<__nv_bfloat16, 8, kdb::vocab::kLane, 512, false>(a, stream);
 }
+cudaError_t s21_shipped(const kdb::TopkArgs& a, cudaStream_t stream) {  // the launcher until s22
+  using namespace kdb;
+  if (a.k <= kSmallKMax) return launch_topk<__nv_bfloat16, 8, vocab::kBitsRank, 512, false>(a, stream);
+  return lane_everywhere(a, stream);
+}
 struct Variant { const char* name; Launch fn; };
 const Variant kVariants[] = {  // [0] is the shipped one: every other variant is compared with it
-    {"shipped", kdb::launch_topk_shipped<__nv_bfloat16, 8>},  // bits_rank/512 to k 64, lane/512, sampled from k 512
-    {"mask/2048", kdb::launch_topk<__nv_bfloat16, 8, kdb::vocab::kMask, 0, false>},   // round 2 (+ bounds)
+    {"shipped", kdb::launch_topk_shipped<__nv_bfloat16, 8>},  // bits_rank/512 to k 64, fixedzb/lane above (s22)
+    {"s21_shipped", s21_shipped},  // bits_rank/512 to k 64, lane/512, sampled from k 512
     {"lane/512", kdb::launch_topk<__nv_bfloat16, 8, kdb::vocab::kLane, 512, false>},
     {"lane/512/sample", kdb::launch_topk<__nv_bfloat16, 8, kdb::vocab::kLane, 512, true>},
     {"probe", kdb::launch_topk<__nv_bfloat16, 8, kdb::vocab::kProbe, 0, false>},  // admits nothing: not checked
     {"probe_no_final", kdb::launch_topk<__nv_bfloat16, 8, kdb::vocab::kLaneNoFinal, 512, false>},  // lane/512 without
     // its final prune, sort and writes (s19): lane/512 minus it is that tail; not checked
-    {"bits/512", kdb::launch_topk<__nv_bfloat16, 8, kdb::vocab::kLaneBits, 512, false>},  // s20: set-bit store loop
     {"bits_rank/512", kdb::launch_topk<__nv_bfloat16, 8, kdb::vocab::kBitsRank, 512, false>},  // s20: + final by rank
-    {"lane/512/nosel", lane_everywhere},  // s20: lane/512 below k 512, the sampled path from it (the launcher until s20)
-    // s22: one stream with the sampled estimate as a fixed threshold (kFix), aimed at 2 / 4 k keys or by the z rule
-    // ("z"); "b": the estimate by bisection. Blocks of fewer than 8 chunks (batch 1's splits) and failed estimates take
-    // the exact stream (bits_rank/512). lane/512/sample_b: lane/512/sample with the bisection estimate.
-    {"fixed2", kdb::launch_topk<__nv_bfloat16, 8, kdb::vocab::kBitsRank, 512, true, 2>},
-    {"fixed4", kdb::launch_topk<__nv_bfloat16, 8, kdb::vocab::kBitsRank, 512, true, 4>},
-    {"fixed4b", kdb::launch_topk<__nv_bfloat16, 8, kdb::vocab::kBitsRank, 512, true, 4, 1>},
-    {"fixedzb", kdb::launch_topk<__nv_bfloat16, 8, kdb::vocab::kBitsRank, 512, true, -1, 1>},
+    // s22: one stream with the sampled estimate (by bisection, "b") as a fixed threshold (kFix), the sample count by
+    // the z rule ("z") or aimed at 4 k keys; the rare second stream kLane ("/lane") or kBitsRank admission. Blocks of
+    // fewer than 8 vector chunks take that exact stream at once.
     {"fixedzb/lane", kdb::launch_topk<__nv_bfloat16, 8, kdb::vocab::kLane, 512, true, -1, 1>},
-    {"lane/512/sample_b", kdb::launch_topk<__nv_bfloat16, 8, kdb::vocab::kLane, 512, true, 0, 1>},
+    {"fixedzb", kdb::launch_topk<__nv_bfloat16, 8, kdb::vocab::kBitsRank, 512, true, -1, 1>},
+    {"fixed4b", kdb::launch_topk<__nv_bfloat16, 8, kdb::vocab::kBitsRank, 512, true, 4, 1>},
     {"no_pdl", shipped_no_pdl},        // round 4 without programmatic dependent launch
     {"r3_merge", r3_or_shipped},       // round 3's merge (plain launches); k >= 512: the shipped path
 };
@@ -129,7 +130,8 @@ constexpr int L = 15, V = 163840, kRounds = 15;
 struct Shape { int batch, k; bool rising; };
 const Shape kShapes[] = {{32, 256, false}, {32, 16, false}, {1, 64, false}, {8, 64, false}, {64, 16, false},
                          {32, 1024, false}, {1, 16, false}, {32, 256, true}, {32, 1024, true}, {64, 1024, false},
-                         {32, 512, false}, {32, 128, false}, {8, 128, false}, {64, 128, false}};
+                         {32, 512, false}, {32, 128, false}, {8, 128, false}, {64, 128, false}, {64, 256, false},
+                         {8, 256, false}, {8, 1024, false}, {1, 256, false}};
 
 uint16_t to_bf16(float f) {  // round to nearest even (finite inputs)
   uint32_t u;
