@@ -146,6 +146,23 @@ __device__ __forceinline__ LseState fixed_stream(uint64_t* keys, TopkSmem& sm, i
   return st;
 }
 
+// The block's end: its top min(k, held) sorted (by rank where kBitsRank holds few), then the row's outputs
+// (unsplit) or its sorted keys, 0-padded to k, and (m, s) partials (split).
+template <int kAdmit>
+__device__ __forceinline__ void finish_block(uint64_t* keys, LseState st, const TopkArgs& a, int64_t r, TopkSmem& sm) {
+  const int k = a.k;
+  if constexpr (kAdmit == kBitsRank) {
+    finish_by_rank(keys, k, sm);
+  } else {
+    finish_sorted(keys, k, sm);
+  }
+  const float2 ms = block_ms(st, sm);
+  if (a.splits == 1) return write_row(keys, ms.x, ms.y, a, r);
+  uint64_t* out = a.part_keys + int64_t(blockIdx.x) * k;
+  for (int j = threadIdx.x; j < k; j += kThreads) out[j] = keys[j];
+  if (threadIdx.x == 0) reinterpret_cast<float2*>(a.part_ms)[blockIdx.x] = ms;
+}
+
 // Block (row r, split s) streams chunks [s * cps, (s + 1) * cps) of row r. Unsplit (splits == 1): writes the
 // row's outputs. Split: writes its top-min(k, held) keys, sorted and 0-padded to k, and its (m, s) partials.
 // kFix != 0 (with kSample): the fixed-threshold stream above, the estimate aimed at about kFix k keys (kFix < 0: the
@@ -171,18 +188,8 @@ __global__ void __launch_bounds__(kThreads, 4) topk_kernel(TopkArgs a) {
     if (cv - c0 >= kSampleMinChunks) est = sample_estimate<T, VW, (kFix != 0 ? kFix : 4), kEst>(row, c0, cv, k, keys, sm);
   }
   if constexpr (kFix != 0) {
-    const LseState st = fixed_stream<T, VW, kAdmit, kMarkMin>(keys, sm, k, est, row, V, c0, cv, c1);
-    if constexpr (kAdmit == kBitsRank) {
-      finish_by_rank(keys, k, sm);
-    } else {
-      finish_sorted(keys, k, sm);
-    }
-    const float2 ms = block_ms(st, sm);
-    if (a.splits == 1) return write_row(keys, ms.x, ms.y, a, r);
-    uint64_t* out = a.part_keys + int64_t(blockIdx.x) * k;
-    for (int j = threadIdx.x; j < k; j += kThreads) out[j] = keys[j];
-    if (threadIdx.x == 0) reinterpret_cast<float2*>(a.part_ms)[blockIdx.x] = ms;
-    return;
+    return finish_block<kAdmit>(keys, fixed_stream<T, VW, kAdmit, kMarkMin>(keys, sm, k, est, row, V, c0, cv, c1), a,
+                                r, sm);
   }
   Stream<kAdmit, kMarkMin> s{keys, sm, k, est};
   stream_chunks<T, VW>(s, row, V, c0, cv, c1);
@@ -197,16 +204,7 @@ __global__ void __launch_bounds__(kThreads, 4) topk_kernel(TopkArgs a) {
     __syncthreads();
     if (redo) st = stream_exact<T, VW, kAdmit, kMarkMin>(keys, sm, k, row, V, c0, cv, c1);
   }
-  if constexpr (kAdmit == kBitsRank) {
-    finish_by_rank(keys, k, sm);
-  } else {
-    finish_sorted(keys, k, sm);
-  }
-  const float2 ms = block_ms(st, sm);
-  if (a.splits == 1) return write_row(keys, ms.x, ms.y, a, r);
-  uint64_t* out = a.part_keys + int64_t(blockIdx.x) * k;
-  for (int j = threadIdx.x; j < k; j += kThreads) out[j] = keys[j];
-  if (threadIdx.x == 0) reinterpret_cast<float2*>(a.part_ms)[blockIdx.x] = ms;
+  finish_block<kAdmit>(keys, st, a, r, sm);
 }
 
 // One block per row: the splits' sorted key lists (splits * k keys, 0-padded) merged by a tree of bitonic merges
