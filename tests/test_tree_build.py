@@ -155,7 +155,8 @@ SPLIT_CASES = [
     (Case(2, 3, 4099, 64, "float32", "ties", 43), (2,)),    # the last split holds 3 logits < k: padded list
     (Case(1, 2, 8200, 1, "bfloat16", "normal", 44), (3,)),   # budget 1; the last split holds 8 logits
     (Case(3, 2, 12289, 1000, "float32", "neginf", 45), (4,)),
-    # the sampled estimate (k >= 512, >= 8 vector chunks per split): kept, re-streamed (decoy), ties, fp32, rising
+    # the sampled estimate (>= 8 vector chunks per split; since s22 the fixed-threshold stream above k 64, before it
+    # the kLane floor from k 512): kept, re-streamed (decoy), ties, fp32, rising
     (Case(1, 3, 163840, 1024, "bfloat16", "normal", 46), (1, 4)),
     (Case(1, 2, 163840, 1024, "bfloat16", "decoy", 47), (1,)),
     (Case(1, 2, 163840, 512, "float32", "ties", 48), (1, 5)),
