@@ -119,6 +119,15 @@ __device__ __forceinline__ unsigned pass_mask(const float (&x)[kPer], unsigned v
   return pass & valid;
 }
 
+// The keys of x[j] for the set bits j of pass into keys[slot, slot + popc(pass)), j ascending.
+template <int VW>
+__device__ __forceinline__ void store_set_bits(uint64_t* keys, int slot, unsigned pass, const float (&x)[kPer], int c) {
+  for (; pass != 0; pass &= pass - 1) {
+    const int j = __ffs(pass) - 1;
+    keys[slot++] = make_key(pick(x, j), uint32_t(chunk_index<VW>(c, j)));
+  }
+}
+
 template <int kAdmit, int VW>
 __device__ __forceinline__ int admit(uint64_t* keys, TopkSmem& sm, const float (&x)[kPer], float chunk_max,
                                      unsigned valid, int c, float thr) {
@@ -132,11 +141,7 @@ __device__ __forceinline__ int admit(uint64_t* keys, TopkSmem& sm, const float (
     if constexpr (kAdmit == kLaneBits || kAdmit == kBitsRank) {
       unsigned pass = pass_mask(x, valid, thr);
       n = __popc(pass);
-      int slot = atomicAdd(&sm.count, n);
-      for (; pass != 0; pass &= pass - 1) {
-        const int j = __ffs(pass) - 1;
-        keys[slot++] = make_key(pick(x, j), uint32_t(chunk_index<VW>(c, j)));
-      }
+      store_set_bits<VW>(keys, atomicAdd(&sm.count, n), pass, x, c);
     } else {
 #pragma unroll
       for (int j = 0; j < kPer; ++j) n += (((valid >> j) & 1u) && x[j] >= thr) ? 1 : 0;

@@ -64,6 +64,12 @@ __device__ float bisect_estimate(const float (&x)[kPer], int m, TopkSmem& sm) {
   return float_from_order_key(lo << 16);
 }
 
+// How many samples the estimate stands on: the z rule (kAim < 0) or max(8, kAim k / chunks).
+template <int kAim>
+__device__ __forceinline__ int sample_count(int k, int chunks) {
+  return kAim < 0 ? sample_m(k, chunks) : max(8, kAim * k / chunks);
+}
+
 template <typename T, int VW, int kAim = 4, int kEst = 0>
 __device__ __forceinline__ float sample_estimate(const T* row, int c0, int cv, int k, uint64_t* keys, TopkSmem& sm) {
   constexpr int kSampleVecs = kThreads * (kPer / VW);
@@ -75,7 +81,7 @@ __device__ __forceinline__ float sample_estimate(const T* row, int c0, int cv, i
   float x[kPer];
   r.to_float(x);
   if constexpr (kEst == 1) {
-    const float est = bisect_estimate(x, kAim < 0 ? sample_m(k, cv - c0) : max(8, kAim * k / (cv - c0)), sm);
+    const float est = bisect_estimate(x, sample_count<kAim>(k, cv - c0), sm);
     __syncthreads();  // sm.hist is scratch: the stream's prunes use it
     return isnan(est) ? -INFINITY : est;
   } else {
@@ -85,8 +91,8 @@ __device__ __forceinline__ float sample_estimate(const T* row, int c0, int cv, i
       keys[v * VW + j % VW] = make_key(x[j], uint32_t((int64_t(c0) * (kChunk / VW) + v * stride) * VW + j % VW));
     }
     __syncthreads();
-    const int m = kAim < 0 ? sample_m(k, cv - c0) : max(8, kAim * k / (cv - c0));
-    const uint64_t t = radix_select_ge(keys, kChunk, m, kChunk, sm).t;  // tie stop once the value word is decided
+    // tie stop once the value word is decided
+    const uint64_t t = radix_select_ge(keys, kChunk, sample_count<kAim>(k, cv - c0), kChunk, sm).t;
     __syncthreads();  // the keys are scratch: the stream appends from slot 0
     const float est = float_from_order_key(uint32_t(t >> 32));
     return isnan(est) ? -INFINITY : est;
@@ -119,12 +125,8 @@ struct FixedStream {
     if (!(st.add(x) >= thr)) return;
     unsigned pass = pass_mask(x, valid, thr);
     const int n = __popc(pass);
-    int slot = atomicAdd(&sm.count, n);
-    if (slot + n > kCap) return;
-    for (; pass != 0; pass &= pass - 1) {
-      const int j = __ffs(pass) - 1;
-      keys[slot++] = make_key(pick(x, j), uint32_t(chunk_index<VW>(c, j)));
-    }
+    const int slot = atomicAdd(&sm.count, n);
+    if (slot + n <= kCap) store_set_bits<VW>(keys, slot, pass, x, c);
   }
 };
 
