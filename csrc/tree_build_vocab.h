@@ -187,7 +187,8 @@ __global__ void __launch_bounds__(kThreads, 4) topk_kernel(TopkArgs a) {
   const int cv = max(c0, min(c1, nfull));     // vector chunks [c0, cv), scalar chunks [cv, c1)
   float est = -INFINITY;
   if constexpr (kSample && VW > 1) {
-    if (cv - c0 >= kSampleMinChunks) est = sample_estimate<T, VW, (kFix != 0 ? kFix : 4), kEst>(row, c0, cv, k, keys, sm);
+    constexpr int kAim = kFix != 0 ? kFix : 4;
+    if (cv - c0 >= kSampleMinChunks) est = sample_estimate<T, VW, kAim, kEst>(row, c0, cv, k, keys, sm);
   }
   if constexpr (kFix != 0) {
     return finish_block<kAdmit>(keys, fixed_stream<T, VW, kAdmit, kMarkMin>(keys, sm, k, est, row, V, c0, cv, c1), a,
