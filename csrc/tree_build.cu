@@ -332,10 +332,10 @@ constexpr int kAdmitShipped = vocab::kLane, kAdmitSmallK = vocab::kBitsRank, kSm
 constexpr int kMarkShipped = 512, kSampleMinK = 512;
 constexpr int kFixZRule = -1, kEstBisect = 1;
 
-template <typename T, int VW, int kAdmit, int kMarkMin, bool kSample, int kFix = 0, int kEst = 0>
+template <typename T, int VW, int kAdmit, int kMarkMin, bool kSample, int kFix = 0, int kEst = 0, int kFixOpt = 0>
 cudaError_t launch_topk(const TopkArgs& a, cudaStream_t stream) {
   const size_t smem = vocab::kCap * sizeof(uint64_t);
-  auto* kernel = vocab::topk_kernel<T, VW, kAdmit, kMarkMin, kSample, kFix, kEst>;
+  auto* kernel = vocab::topk_kernel<T, VW, kAdmit, kMarkMin, kSample, kFix, kEst, kFixOpt>;
   KDB_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
   kernel<<<unsigned(a.rows * a.splits), vocab::kThreads, smem, stream>>>(a);
   KDB_LAUNCH_CHECK();

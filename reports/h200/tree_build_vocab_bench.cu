@@ -2,11 +2,10 @@
 // marks and the sampled estimate of csrc/tree_build_vocab.h on the issue-16 shapes (L 15, V 163840, bf16 logits N(0, 3) and "rising"),
 // every variant's top tokens checked exactly against a host sort (request 0) and against the shipped variant
 // (every row, tokens and log-probs bit for bit) before and after timing; timed with CUDA events after a 256 MB
-// L2-flush memset, variants alternating order between rounds (ABBA), next to the 1 GiB copy ceiling. Round 4
-// (2026-12-01 s5): the merge tree and PDL against round 3's merge ("r3_merge") and PDL off ("no_pdl"); s19: the
-// block's final prune, sort and writes ("probe_no_final"); s20: admission by set bits ("bits"), the final cut by
-// rank ("bits_rank"); s22: a fixed threshold from the sampled estimate, one stream without barriers ("fixed*"; the
-// radix-select estimate aimed at 2 / 4 / 8 k keys and lane/512/sample by bisection ran in s22 calls A and B only).
+// L2-flush memset, variants alternating order between rounds (ABBA), next to the 1 GiB copy ceiling. s19: the
+// block's final prune, sort and writes ("probe_no_final"); s22: a fixed threshold from the sampled estimate, one
+// stream without barriers ("fixed*"); s23: its admission deferred ("defer*") and its probes. Rows run in earlier
+// sessions and since dropped (round 3's merge, PDL off, the s21 launcher, kBitsRank and the s22 aims) are in git.
 // Build: nvcc -O3 -std=c++20 -gencode=arch=compute_90a,code=sm_90a -Icsrc reports/h200/tree_build_vocab_bench.cu -o tvb
 // Usage: tvb OUT.jsonl [SHAPES [FIRST]]: times SHAPES shapes from shape FIRST (all from 0 by default); SHAPES < 0:
 // -SHAPES shapes, one checked launch per variant and no timing (for ncu). Inputs come from one generator seeded
@@ -31,98 +30,28 @@
 namespace {
 using Launch = cudaError_t (*)(const kdb::TopkArgs&, cudaStream_t);
 
-// ---- round 3's merge kernel (commit e65db30), the baseline of round 4's merge tree: admission from the largest
-// k-th key of a split, exact prunes, finish_sorted (with today's warp-owned sort), after today's split pass; both
-// launched plainly, so r3_merge against shipped includes PDL (no_pdl isolates that part).
-namespace r3 {
-using namespace kdb::vocab;
-__device__ uint64_t merge_bound(const uint64_t* in, int splits, int k) {
-  __shared__ uint64_t red_key[kWarps];
-  uint64_t b = 0;
-  for (int s = threadIdx.x; s < splits; s += kThreads) b = max(b, in[int64_t(s) * k + k - 1]);
-  for (int o = 16; o > 0; o >>= 1) b = max(b, __shfl_xor_sync(kdb::kFullMask, b, o));
-  if ((threadIdx.x & 31) == 0) red_key[threadIdx.x >> 5] = b;
-  __syncthreads();
-  for (int w = 0; w < kWarps; ++w) b = max(b, red_key[w]);
-  return b;
-}
-__global__ void __launch_bounds__(kThreads) merge_kernel(kdb::TopkArgs a) {
-  extern __shared__ __align__(16) unsigned char smem_raw[];
-  uint64_t* keys = reinterpret_cast<uint64_t*>(smem_raw);
-  __shared__ TopkSmem sm;
-  const int64_t r = blockIdx.x;
-  const int k = a.k, n = a.splits * k;
-  const uint64_t* in = a.part_keys + r * n;
-  if (threadIdx.x == 0) sm.count = 0;
-  uint64_t thr = max(uint64_t(1), merge_bound(in, a.splits, k));
-  for (int base = 0; base < n; base += kChunk) {
-    uint64_t v[kPer];
-    unsigned pass = 0;
-    for (int j = 0; j < kPer; ++j) {
-      const int i = base + j * kThreads + int(threadIdx.x);
-      v[j] = i < n ? in[i] : 0;
-      pass |= (v[j] >= thr ? 1u : 0u) << j;
-    }
-    kdb::append_masked<kPer>(keys, &sm.count, pass, [&](int j) { return v[j]; });
-    if (!__syncthreads_or(pass)) continue;
-    const int held = sm.count;
-    __syncthreads();
-    if (held > kCompactAt) {
-      const uint64_t t = prune(keys, k, 0, sm).t;
-      thr = t > thr ? t : thr;
-    }
-  }
-  finish_sorted(keys, k, sm);
-  const float2* ms = reinterpret_cast<const float2*>(a.part_ms) + r * a.splits;
-  float m = ms[0].x, s = ms[0].y;
-  for (int i = 1; i < a.splits; ++i) lse_merge(m, s, ms[i].x, ms[i].y);
-  write_row(keys, m, s, a, r);
-}
-cudaError_t launch(const kdb::TopkArgs& a, cudaStream_t stream) {  // k < 512 shapes: the unsampled split pass
-  const size_t smem = kCap * sizeof(uint64_t);
-  auto* topk = topk_kernel<__nv_bfloat16, 8, kLane, 512, false>;
-  CK(cudaFuncSetAttribute(topk, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-  topk<<<unsigned(a.rows * a.splits), kThreads, smem, stream>>>(a);
-  if (a.splits == 1) return cudaGetLastError();
-  CK(cudaFuncSetAttribute(merge_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-  merge_kernel<<<unsigned(a.rows), kThreads, smem, stream>>>(a);
-  return cudaGetLastError();
-}
-}  // namespace r3
-
-cudaError_t shipped_no_pdl(const kdb::TopkArgs& a, cudaStream_t stream) {  // round 4 in plain stream order
-  return with_env("KDB_PDL", "0", [&] { return kdb::launch_topk_shipped<__nv_bfloat16, 8>(a, stream); });
-}
-cudaError_t r3_or_shipped(const kdb::TopkArgs& a, cudaStream_t stream) {  // round 3's merge where it applies
-  return a.k < 512 ? r3::launch(a, stream) : kdb::launch_topk_shipped<__nv_bfloat16, 8>(a, stream);
-}
-cudaError_t lane_everywhere(const kdb::TopkArgs& a, cudaStream_t stream) {  // s19's shipped choice
-  return a.k >= kdb::kSampleMinK ? kdb::launch_topk<__nv_bfloat16, 8, kdb::vocab::kLane, 512, true>(a, stream)
-                                 : kdb::launch_topk<__nv_bfloat16, 8, kdb::vocab::kLane, 512, false>(a, stream);
-}
-cudaError_t s21_shipped(const kdb::TopkArgs& a, cudaStream_t stream) {  // the launcher until s22
-  using namespace kdb;
-  if (a.k <= kSmallKMax) return launch_topk<__nv_bfloat16, 8, vocab::kBitsRank, 512, false>(a, stream);
-  return lane_everywhere(a, stream);
-}
 struct Variant { const char* name; Launch fn; };
+constexpr int kDefer = kdb::vocab::kFixDefer, kNoEnd = kdb::vocab::kFixNoEnd, kLse = kdb::vocab::kFixNoAdmit;
+constexpr int kDefer4 = kdb::vocab::kFixDefer | kdb::vocab::kFixDefer4;
 const Variant kVariants[] = {  // [0] is the shipped one: every other variant is compared with it
     {"shipped", kdb::launch_topk_shipped<__nv_bfloat16, 8>},  // bits_rank/512 to k 64, fixedzb/lane above (s22)
-    {"s21_shipped", s21_shipped},  // bits_rank/512 to k 64, lane/512, sampled from k 512
     {"lane/512", kdb::launch_topk<__nv_bfloat16, 8, kdb::vocab::kLane, 512, false>},
     {"lane/512/sample", kdb::launch_topk<__nv_bfloat16, 8, kdb::vocab::kLane, 512, true>},
     {"probe", kdb::launch_topk<__nv_bfloat16, 8, kdb::vocab::kProbe, 0, false>},  // admits nothing: not checked
     {"probe_no_final", kdb::launch_topk<__nv_bfloat16, 8, kdb::vocab::kLaneNoFinal, 512, false>},  // lane/512 without
     // its final prune, sort and writes (s19): lane/512 minus it is that tail; not checked
-    {"bits_rank/512", kdb::launch_topk<__nv_bfloat16, 8, kdb::vocab::kBitsRank, 512, false>},  // s20: + final by rank
     // s22: one stream with the sampled estimate (by bisection, "b") as a fixed threshold (kFix), the sample count by
-    // the z rule ("z") or aimed at 4 k keys; the rare second stream kLane ("/lane") or kBitsRank admission. Blocks of
-    // fewer than 8 vector chunks take that exact stream at once.
+    // the z rule ("z"); the rare second stream kLane ("/lane") or kBitsRank admission (and the block's end by rank
+    // where it holds <= 256 keys). Blocks of fewer than 8 vector chunks take that exact stream at once.
     {"fixedzb/lane", kdb::launch_topk<__nv_bfloat16, 8, kdb::vocab::kLane, 512, true, -1, 1>},
-    {"fixedzb", kdb::launch_topk<__nv_bfloat16, 8, kdb::vocab::kBitsRank, 512, true, -1, 1>},
-    {"fixed4b", kdb::launch_topk<__nv_bfloat16, 8, kdb::vocab::kBitsRank, 512, true, 4, 1>},
-    {"no_pdl", shipped_no_pdl},        // round 4 without programmatic dependent launch
-    {"r3_merge", r3_or_shipped},       // round 3's merge (plain launches); k >= 512: the shipped path
+    // s23: admission deferred (records in the stream, the marked lanes re-read after it), and its probes (not
+    // checked): the fixed stream without the block's end, the deferred one without it, the stream's LSE alone
+    {"defer/lane", kdb::launch_topk<__nv_bfloat16, 8, kdb::vocab::kLane, 512, true, -1, 1, kDefer>},
+    {"defer4/lane", kdb::launch_topk<__nv_bfloat16, 8, kdb::vocab::kLane, 512, true, -1, 1, kDefer4>},
+    {"defer", kdb::launch_topk<__nv_bfloat16, 8, kdb::vocab::kBitsRank, 512, true, -1, 1, kDefer>},
+    {"probe_fix_no_end", kdb::launch_topk<__nv_bfloat16, 8, kdb::vocab::kLane, 512, true, -1, 1, kNoEnd>},
+    {"probe_defer_no_end", kdb::launch_topk<__nv_bfloat16, 8, kdb::vocab::kLane, 512, true, -1, 1, kDefer | kNoEnd>},
+    {"probe_fix_lse", kdb::launch_topk<__nv_bfloat16, 8, kdb::vocab::kLane, 512, true, -1, 1, kLse | kNoEnd>},
 };
 constexpr int kNV = sizeof(kVariants) / sizeof(kVariants[0]);
 constexpr int L = 15, V = 163840, kRounds = 15;
@@ -131,7 +60,7 @@ struct Shape { int batch, k; bool rising; };
 const Shape kShapes[] = {{32, 256, false}, {32, 16, false}, {1, 64, false}, {8, 64, false}, {64, 16, false},
                          {32, 1024, false}, {1, 16, false}, {32, 256, true}, {32, 1024, true}, {64, 1024, false},
                          {32, 512, false}, {32, 128, false}, {8, 128, false}, {64, 128, false}, {64, 256, false},
-                         {8, 256, false}, {8, 1024, false}, {1, 256, false}};
+                         {8, 256, false}, {8, 1024, false}, {1, 256, false}, {1, 1024, false}, {8, 16, false}};
 
 uint16_t to_bf16(float f) {  // round to nearest even (finite inputs)
   uint32_t u;
@@ -182,12 +111,10 @@ int check(const kdb::TopkArgs& a, const std::vector<Buffers>& buf, const std::ve
       if (ti[size_t(r) * a.k + j] != ref[r][j]) return std::printf("  %s: row %d slot %d token %lld, host %lld\n",
           kVariants[i].name, r, j, (long long)ti[size_t(r) * a.k + j], (long long)ref[r][j]), 1;
   if (t0 != ti) return std::printf("  %s: tokens differ from shipped\n", kVariants[i].name), 1;
-  // r3_merge folds the split rows' lse partials serially, round 4 by block_ms: their log-probs differ in the last
-  // bits (measured in s5 call B); every other variant computes the same sums in the same order: bit for bit.
-  const float tol = std::strcmp(kVariants[i].name, "r3_merge") == 0 ? 4e-6f : 0.f;
+  // Every variant computes the same sums in the same order: log-probs bit for bit.
   for (size_t j = 0; j < n; ++j)
-    if (!(std::fabs(l0[j] - li[j]) <= tol)) return std::printf("  %s: log-prob %zu differs from shipped by %g\n",
-                                                              kVariants[i].name, j, double(l0[j] - li[j])), 1;
+    if (!(l0[j] == li[j])) return std::printf("  %s: log-prob %zu differs from shipped by %g\n", kVariants[i].name, j,
+                                              double(l0[j] - li[j])), 1;
   return 0;
 }
 
