@@ -43,7 +43,6 @@ struct TopkSmem {
   int sel_digit, sel_above, sel_bin;
   float red_m[kWarps], red_s[kWarps];
   float red_t[kWarps];     // first_bound: each warp's bound
-  int nrec;                // kFixDefer: records written by the stream (tree_build_defer.h)
 };
 
 // Bits in which the n >= 1 keys differ, and the value of the bits they share (AND of all keys).

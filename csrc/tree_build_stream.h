@@ -23,21 +23,17 @@ template <>
 __device__ __forceinline__ float to_f32<__nv_bfloat16>(__nv_bfloat16 x) { return __bfloat162float(x); }
 
 template <int VW>
-__device__ __forceinline__ int chunk_index(int c, int j, int tid) {
-  return c * kChunk + (j / VW) * (kThreads * VW) + tid * VW + j % VW;
+__device__ __forceinline__ int chunk_index(int c, int j) {
+  return c * kChunk + (j / VW) * (kThreads * VW) + int(threadIdx.x) * VW + j % VW;
 }
-template <int VW>
-__device__ __forceinline__ int chunk_index(int c, int j) { return chunk_index<VW>(c, j, int(threadIdx.x)); }
 
 template <typename T, int VW>
 struct Raw {
   uint4 v[kPer / VW];
-  __device__ __forceinline__ void load(const T* row, int c, int tid) {  // thread tid's share of chunk c
+  __device__ __forceinline__ void load(const T* row, int c) {
 #pragma unroll
-    for (int q = 0; q < kPer / VW; ++q)
-      v[q] = __ldcs(reinterpret_cast<const uint4*>(row + chunk_index<VW>(c, q * VW, tid)));
+    for (int q = 0; q < kPer / VW; ++q) v[q] = __ldcs(reinterpret_cast<const uint4*>(row + chunk_index<VW>(c, q * VW)));
   }
-  __device__ __forceinline__ void load(const T* row, int c) { load(row, c, int(threadIdx.x)); }
   __device__ __forceinline__ void to_float(float (&x)[kPer]) const {
     if constexpr (sizeof(T) == 2) {  // a bf16 is the high half of its fp32: one shift or one AND per logit
       const uint32_t* w = reinterpret_cast<const uint32_t*>(v);
@@ -124,18 +120,12 @@ __device__ __forceinline__ unsigned pass_mask(const float (&x)[kPer], unsigned v
 }
 
 // The keys of x[j] for the set bits j of pass into keys[slot, slot + popc(pass)), j ascending.
-// tid: the thread whose share of chunk c x is (deferred admission re-reads other threads' shares).
-template <int VW>
-__device__ __forceinline__ void store_set_bits(uint64_t* keys, int slot, unsigned pass, const float (&x)[kPer], int c,
-                                               int tid) {
-  for (; pass != 0; pass &= pass - 1) {
-    const int j = __ffs(pass) - 1;
-    keys[slot++] = make_key(pick(x, j), uint32_t(chunk_index<VW>(c, j, tid)));
-  }
-}
 template <int VW>
 __device__ __forceinline__ void store_set_bits(uint64_t* keys, int slot, unsigned pass, const float (&x)[kPer], int c) {
-  store_set_bits<VW>(keys, slot, pass, x, c, int(threadIdx.x));
+  for (; pass != 0; pass &= pass - 1) {
+    const int j = __ffs(pass) - 1;
+    keys[slot++] = make_key(pick(x, j), uint32_t(chunk_index<VW>(c, j)));
+  }
 }
 
 template <int kAdmit, int VW>

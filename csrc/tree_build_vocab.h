@@ -12,7 +12,6 @@
 #include "tree_build_merge.h"
 #include "tree_build_select.h"
 #include "tree_build_stream.h"
-#include "tree_build_defer.h"
 
 namespace kdb {
 namespace vocab {
@@ -138,32 +137,21 @@ struct LseOnlyStream {
   __device__ __forceinline__ void consume(const float (&x)[kPer], unsigned, int) { st.add(x); }
 };
 
-// kFixOpt bits: kFixDefer admits by records and a re-read after the stream (tree_build_defer.h; with kFixDefer4 four
-// re-read lanes a thread in flight, else two); kFixNoEnd (the bench's probes, wrong outputs) returns after the
-// stream, before the block's end; kFixNoAdmit (probe) streams the log-sum-exp alone.
-enum FixOpt : int { kFixDefer = 1, kFixNoEnd = 2, kFixNoAdmit = 4, kFixDefer4 = 8 };
+// kOpt bits (the bench's A/B switches; 0 is the shipped kernel): kFixNoEnd (a probe, wrong outputs) returns after the
+// fixed stream, before the block's end; kFixNoAdmit (a probe) streams the log-sum-exp alone.
+enum Opt : int { kFixNoEnd = 2, kFixNoAdmit = 4 };
 
 // The block's stream with the fixed threshold est (-inf: none), then the exact stream where it did not hold at least
-// k and at most its capacity of keys >= est. Returns the log-sum-exp state of the stream whose keys are held.
-template <typename T, int VW, int kAdmit, int kMarkMin, int kFixOpt = 0>
+// k and at most kCap keys >= est. Returns the log-sum-exp state of the stream whose keys are held.
+template <typename T, int VW, int kAdmit, int kMarkMin, int kOpt = 0>
 __device__ __forceinline__ LseState fixed_stream(uint64_t* keys, TopkSmem& sm, int k, float est, const T* row, int V,
                                                  int c0, int cv, int c1) {
   LseState st;
-  int cap = kCap;
-  if constexpr ((kFixOpt & kFixDefer) != 0) {
-    if (kWarps * (cv - c0) > kDeferMaxRecs) est = -INFINITY;  // too many records to hold: the exact stream
-  }
   if (est > -INFINITY) {  // block-uniform
-    if constexpr ((kFixOpt & kFixNoAdmit) != 0) {
+    if constexpr ((kOpt & kFixNoAdmit) != 0) {
       LseOnlyStream s;
       stream_chunks<T, VW>(s, row, V, c0, cv, c1);
       return s.st;
-    } else if constexpr ((kFixOpt & kFixDefer) != 0) {
-      cap = defer_cap(kWarps * (cv - c0));
-      DeferStream s{keys, sm, est, cap};
-      stream_chunks<T, VW>(s, row, V, c0, cv, c1);
-      readmit<T, VW, (kFixOpt & kFixDefer4) != 0 ? 4 : 2>(keys, sm, row, est, cap);
-      st = s.st;
     } else {
       FixedStream s{keys, sm, est};
       stream_chunks<T, VW>(s, row, V, c0, cv, c1);
@@ -171,7 +159,7 @@ __device__ __forceinline__ LseState fixed_stream(uint64_t* keys, TopkSmem& sm, i
     }
   }
   __syncthreads();
-  const bool redo = !(est > -INFINITY) || sm.count < k || sm.count > cap;
+  const bool redo = !(est > -INFINITY) || sm.count < k || sm.count > kCap;
   __syncthreads();  // every thread has read the count before the exact stream zeroes it
   if (redo) st = stream_exact<T, VW, kAdmit, kMarkMin>(keys, sm, k, row, V, c0, cv, c1);
   return st;
@@ -198,7 +186,7 @@ __device__ __forceinline__ void finish_block(uint64_t* keys, LseState st, const 
 // row's outputs. Split: writes its top-min(k, held) keys, sorted and 0-padded to k, and its (m, s) partials.
 // kFix != 0 (with kSample): the fixed-threshold stream above, the estimate aimed at about kFix k keys (kFix < 0: the
 // z rule); kEst: the estimate's method (0 radix select, 1 bisection).
-template <typename T, int VW, int kAdmit, int kMarkMin, bool kSample, int kFix = 0, int kEst = 0, int kFixOpt = 0>
+template <typename T, int VW, int kAdmit, int kMarkMin, bool kSample, int kFix = 0, int kEst = 0, int kOpt = 0>
 __global__ void __launch_bounds__(kThreads, 4) topk_kernel(TopkArgs a) {
   extern __shared__ __align__(16) unsigned char topk_smem_raw[];
   uint64_t* keys = reinterpret_cast<uint64_t*>(topk_smem_raw);  // [kCap]
@@ -209,9 +197,6 @@ __global__ void __launch_bounds__(kThreads, 4) topk_kernel(TopkArgs a) {
   const T* row = static_cast<const T*>(a.logits) + r * V;
   pdl_launch_dependents();  // the merge or the builder (programmatic dependents) may launch now and wait
   if (threadIdx.x == 0) sm.count = 0, sm.thr_val = -INFINITY, sm.strict = 0;
-  if constexpr ((kFixOpt & kFixDefer) != 0) {
-    if (threadIdx.x == 0) sm.nrec = 0;
-  }
   __syncthreads();
 
   const int nfull = VW > 1 ? V / kChunk : 0;  // vector chunks; the rest goes through scalar loads
@@ -223,8 +208,8 @@ __global__ void __launch_bounds__(kThreads, 4) topk_kernel(TopkArgs a) {
     if (cv - c0 >= kSampleMinChunks) est = sample_estimate<T, VW, kAim, kEst>(row, c0, cv, k, keys, sm);
   }
   if constexpr (kFix != 0) {
-    const LseState st = fixed_stream<T, VW, kAdmit, kMarkMin, kFixOpt>(keys, sm, k, est, row, V, c0, cv, c1);
-    if constexpr ((kFixOpt & kFixNoEnd) != 0) {  // keep the log-sum-exp live (never true: s >= 0), then stop
+    const LseState st = fixed_stream<T, VW, kAdmit, kMarkMin, kOpt>(keys, sm, k, est, row, V, c0, cv, c1);
+    if constexpr ((kOpt & kFixNoEnd) != 0) {  // keep the log-sum-exp live (never true: s >= 0), then stop
       if (st.s < 0.f && a.lse != nullptr) a.lse[r] = st.m;
       return;
     }

@@ -4,8 +4,8 @@
 // (every row, tokens and log-probs bit for bit) before and after timing; timed with CUDA events after a 256 MB
 // L2-flush memset, variants alternating order between rounds (ABBA), next to the 1 GiB copy ceiling. s19: the
 // block's final prune, sort and writes ("probe_no_final"); s22: a fixed threshold from the sampled estimate, one
-// stream without barriers ("fixed*"); s23: its admission deferred ("defer*") and its probes. Rows run in earlier
-// sessions and since dropped (round 3's merge, PDL off, the s21 launcher, kBitsRank and the s22 aims) are in git.
+// stream without barriers ("fixed*"); s23: its probes. Rows run in earlier sessions and since dropped (round 3's
+// merge, PDL off, the s21 launcher, kBitsRank, the s22 aims, s23's deferred admission) are in git.
 // Build: nvcc -O3 -std=c++20 -gencode=arch=compute_90a,code=sm_90a -Icsrc reports/h200/tree_build_vocab_bench.cu -o tvb
 // Usage: tvb OUT.jsonl [SHAPES [FIRST]]: times SHAPES shapes from shape FIRST (all from 0 by default); SHAPES < 0:
 // -SHAPES shapes, one checked launch per variant and no timing (for ncu). Inputs come from one generator seeded
@@ -31,8 +31,7 @@ namespace {
 using Launch = cudaError_t (*)(const kdb::TopkArgs&, cudaStream_t);
 
 struct Variant { const char* name; Launch fn; };
-constexpr int kDefer = kdb::vocab::kFixDefer, kNoEnd = kdb::vocab::kFixNoEnd, kLse = kdb::vocab::kFixNoAdmit;
-constexpr int kDefer4 = kdb::vocab::kFixDefer | kdb::vocab::kFixDefer4;
+constexpr int kNoEnd = kdb::vocab::kFixNoEnd, kLse = kdb::vocab::kFixNoAdmit;
 const Variant kVariants[] = {  // [0] is the shipped one: every other variant is compared with it
     {"shipped", kdb::launch_topk_shipped<__nv_bfloat16, 8>},  // bits_rank/512 to k 64, fixedzb/lane above (s22)
     {"lane/512", kdb::launch_topk<__nv_bfloat16, 8, kdb::vocab::kLane, 512, false>},
@@ -44,13 +43,10 @@ const Variant kVariants[] = {  // [0] is the shipped one: every other variant is
     // the z rule ("z"); the rare second stream kLane ("/lane") or kBitsRank admission (and the block's end by rank
     // where it holds <= 256 keys). Blocks of fewer than 8 vector chunks take that exact stream at once.
     {"fixedzb/lane", kdb::launch_topk<__nv_bfloat16, 8, kdb::vocab::kLane, 512, true, -1, 1>},
-    // s23: admission deferred (records in the stream, the marked lanes re-read after it), and its probes (not
-    // checked): the fixed stream without the block's end, the deferred one without it, the stream's LSE alone
-    {"defer/lane", kdb::launch_topk<__nv_bfloat16, 8, kdb::vocab::kLane, 512, true, -1, 1, kDefer>},
-    {"defer4/lane", kdb::launch_topk<__nv_bfloat16, 8, kdb::vocab::kLane, 512, true, -1, 1, kDefer4>},
-    {"defer", kdb::launch_topk<__nv_bfloat16, 8, kdb::vocab::kBitsRank, 512, true, -1, 1, kDefer>},
+    // s23: probes (not checked) of the fixed stream: without the block's end, and its log-sum-exp alone (the sample
+    // and the stream, no admission, no barrier). Deferred admission (records, a re-read after the stream) ran in s23
+    // call A only.
     {"probe_fix_no_end", kdb::launch_topk<__nv_bfloat16, 8, kdb::vocab::kLane, 512, true, -1, 1, kNoEnd>},
-    {"probe_defer_no_end", kdb::launch_topk<__nv_bfloat16, 8, kdb::vocab::kLane, 512, true, -1, 1, kDefer | kNoEnd>},
     {"probe_fix_lse", kdb::launch_topk<__nv_bfloat16, 8, kdb::vocab::kLane, 512, true, -1, 1, kLse | kNoEnd>},
 };
 constexpr int kNV = sizeof(kVariants) / sizeof(kVariants[0]);
