@@ -43,6 +43,7 @@ struct TopkSmem {
   int sel_digit, sel_above, sel_bin;
   float red_m[kWarps], red_s[kWarps];
   float red_t[kWarps];     // first_bound: each warp's bound
+  int tie_count;           // finish_cut: ties listed (tree_build_cut.h)
 };
 
 // Bits in which the n >= 1 keys differ, and the value of the bits they share (AND of all keys).
@@ -213,7 +214,9 @@ struct DevBlk {
   }
   __device__ static void sort_desc(uint64_t* k, int p) { bitonic_sort_desc(k, p); }
 };
-// The held candidates cut to exactly min(k, held) and sorted descending; keys[kk, max(p, k)) are 0.
+// The held candidates cut to exactly min(k, held) and sorted descending; keys[kk, max(p, k)) are 0. kSort false: a
+// probe (the bench's no-sort rows) that leaves them unsorted.
+template <bool kSort = true>
 __device__ int finish_sorted(uint64_t* keys, int k, TopkSmem& sm) {
   __syncthreads();
   if (sm.count > k) prune(keys, k, 0, sm);
@@ -222,7 +225,7 @@ __device__ int finish_sorted(uint64_t* keys, int k, TopkSmem& sm) {
   while (p < kk) p <<= 1;
   for (int i = kk + threadIdx.x; i < max(p, k); i += kThreads) keys[i] = 0;
   __syncthreads();
-  bitonic_sort_desc(keys, p);
+  if constexpr (kSort) bitonic_sort_desc(keys, p);
   return kk;
 }
 

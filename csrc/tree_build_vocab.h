@@ -12,6 +12,7 @@
 #include "tree_build_merge.h"
 #include "tree_build_select.h"
 #include "tree_build_stream.h"
+#include "tree_build_cut.h"
 
 namespace kdb {
 namespace vocab {
@@ -70,14 +71,20 @@ __device__ __forceinline__ int sample_count(int k, int chunks) {
   return kAim < 0 ? sample_m(k, chunks) : max(8, kAim * k / chunks);
 }
 
-template <typename T, int VW, int kAim = 4, int kEst = 0>
+// kSeg (bisection only): the sample in 32-vector segments (512 B, one warp's load) spread evenly over the block's
+// vector chunks, sample vector v at segment v / 32, offset v % 32: whole DRAM bursts instead of one 16-byte vector
+// each (s23 call A: the scattered sample cost ~9-10 us a wave).
+template <typename T, int VW, int kAim = 4, int kEst = 0, bool kSeg = false>
 __device__ __forceinline__ float sample_estimate(const T* row, int c0, int cv, int k, uint64_t* keys, TopkSmem& sm) {
-  constexpr int kSampleVecs = kThreads * (kPer / VW);
-  const int64_t stride = int64_t(cv - c0) * (kChunk / VW) / kSampleVecs;
+  constexpr int kSampleVecs = kThreads * (kPer / VW), kSegs = kSampleVecs / 32;
+  const int64_t stride = int64_t(cv - c0) * (kChunk / VW) / (kSeg ? kSegs : kSampleVecs);  // >= 32 with kSeg
   Raw<T, VW> r;
 #pragma unroll
-  for (int q = 0; q < kPer / VW; ++q)
-    r.v[q] = __ldg(reinterpret_cast<const uint4*>(row) + int64_t(c0) * (kChunk / VW) + (q * kThreads + threadIdx.x) * stride);
+  for (int q = 0; q < kPer / VW; ++q) {
+    const int v = q * kThreads + int(threadIdx.x);
+    const int64_t at = kSeg ? (v / 32) * stride + v % 32 : v * stride;
+    r.v[q] = __ldg(reinterpret_cast<const uint4*>(row) + int64_t(c0) * (kChunk / VW) + at);
+  }
   float x[kPer];
   r.to_float(x);
   if constexpr (kEst == 1) {
@@ -137,9 +144,10 @@ struct LseOnlyStream {
   __device__ __forceinline__ void consume(const float (&x)[kPer], unsigned, int) { st.add(x); }
 };
 
-// kOpt bits (the bench's A/B switches; 0 is the shipped kernel): kFixNoEnd (a probe, wrong outputs) returns after the
-// fixed stream, before the block's end; kFixNoAdmit (a probe) streams the log-sum-exp alone.
-enum Opt : int { kFixNoEnd = 2, kFixNoAdmit = 4 };
+// kOpt bits (the bench's A/B switches; 0 is the shipped kernel): kSegSample, the sample in segments (sample_estimate);
+// kCutEnd, the block's end by the value cut (finish_cut); probes (wrong outputs): kFixNoEnd returns after the fixed
+// stream, before the block's end, kFixNoAdmit streams the log-sum-exp alone, kNoSort leaves the end's keys unsorted.
+enum Opt : int { kFixNoEnd = 2, kFixNoAdmit = 4, kSegSample = 8, kCutEnd = 16, kNoSort = 32 };
 
 // The block's stream with the fixed threshold est (-inf: none), then the exact stream where it did not hold at least
 // k and at most kCap keys >= est. Returns the log-sum-exp state of the stream whose keys are held.
@@ -167,13 +175,19 @@ __device__ __forceinline__ LseState fixed_stream(uint64_t* keys, TopkSmem& sm, i
 
 // The block's end: its top min(k, held) sorted (by rank where kBitsRank holds few), then the row's outputs
 // (unsplit) or its sorted keys, 0-padded to k, and (m, s) partials (split).
-template <int kAdmit>
+template <int kAdmit, int kOpt = 0>
 __device__ __forceinline__ void finish_block(uint64_t* keys, LseState st, const TopkArgs& a, int64_t r, TopkSmem& sm) {
   const int k = a.k;
-  if constexpr (kAdmit == kBitsRank) {
+  constexpr bool kSort = (kOpt & kNoSort) == 0;
+  if constexpr ((kOpt & kCutEnd) != 0) {
+    __syncthreads();
+    const bool few = kAdmit == kBitsRank && sm.count <= kThreads;  // block-uniform
+    if (few) finish_by_rank(keys, k, sm);
+    else finish_cut<kSort>(keys, k, sm);
+  } else if constexpr (kAdmit == kBitsRank) {
     finish_by_rank(keys, k, sm);
   } else {
-    finish_sorted(keys, k, sm);
+    finish_sorted<kSort>(keys, k, sm);
   }
   const float2 ms = block_ms(st, sm);
   if (a.splits == 1) return write_row(keys, ms.x, ms.y, a, r);
@@ -205,7 +219,8 @@ __global__ void __launch_bounds__(kThreads, 4) topk_kernel(TopkArgs a) {
   float est = -INFINITY;
   if constexpr (kSample && VW > 1) {
     constexpr int kAim = kFix != 0 ? kFix : 4;
-    if (cv - c0 >= kSampleMinChunks) est = sample_estimate<T, VW, kAim, kEst>(row, c0, cv, k, keys, sm);
+    if (cv - c0 >= kSampleMinChunks)
+      est = sample_estimate<T, VW, kAim, kEst, (kOpt & kSegSample) != 0>(row, c0, cv, k, keys, sm);
   }
   if constexpr (kFix != 0) {
     const LseState st = fixed_stream<T, VW, kAdmit, kMarkMin, kOpt>(keys, sm, k, est, row, V, c0, cv, c1);
@@ -213,7 +228,7 @@ __global__ void __launch_bounds__(kThreads, 4) topk_kernel(TopkArgs a) {
       if (st.s < 0.f && a.lse != nullptr) a.lse[r] = st.m;
       return;
     }
-    return finish_block<kAdmit>(keys, st, a, r, sm);
+    return finish_block<kAdmit, kOpt>(keys, st, a, r, sm);
   }
   Stream<kAdmit, kMarkMin> s{keys, sm, k, est};
   stream_chunks<T, VW>(s, row, V, c0, cv, c1);

@@ -31,23 +31,30 @@ namespace {
 using Launch = cudaError_t (*)(const kdb::TopkArgs&, cudaStream_t);
 
 struct Variant { const char* name; Launch fn; };
-constexpr int kNoEnd = kdb::vocab::kFixNoEnd, kLse = kdb::vocab::kFixNoAdmit;
+namespace v = kdb::vocab;
+template <int kAdmit, int kOpt>
+constexpr Launch fixed = kdb::launch_topk<__nv_bfloat16, 8, kAdmit, 512, true, -1, 1, kOpt>;
 const Variant kVariants[] = {  // [0] is the shipped one: every other variant is compared with it
     {"shipped", kdb::launch_topk_shipped<__nv_bfloat16, 8>},  // bits_rank/512 to k 64, fixedzb/lane above (s22)
-    {"lane/512", kdb::launch_topk<__nv_bfloat16, 8, kdb::vocab::kLane, 512, false>},
-    {"lane/512/sample", kdb::launch_topk<__nv_bfloat16, 8, kdb::vocab::kLane, 512, true>},
-    {"probe", kdb::launch_topk<__nv_bfloat16, 8, kdb::vocab::kProbe, 0, false>},  // admits nothing: not checked
-    {"probe_no_final", kdb::launch_topk<__nv_bfloat16, 8, kdb::vocab::kLaneNoFinal, 512, false>},  // lane/512 without
-    // its final prune, sort and writes (s19): lane/512 minus it is that tail; not checked
+    {"lane/512", kdb::launch_topk<__nv_bfloat16, 8, v::kLane, 512, false>},
+    {"probe", kdb::launch_topk<__nv_bfloat16, 8, v::kProbe, 0, false>},  // admits nothing: not checked
     // s22: one stream with the sampled estimate (by bisection, "b") as a fixed threshold (kFix), the sample count by
     // the z rule ("z"); the rare second stream kLane ("/lane") or kBitsRank admission (and the block's end by rank
     // where it holds <= 256 keys). Blocks of fewer than 8 vector chunks take that exact stream at once.
-    {"fixedzb/lane", kdb::launch_topk<__nv_bfloat16, 8, kdb::vocab::kLane, 512, true, -1, 1>},
-    // s23: probes (not checked) of the fixed stream: without the block's end, and its log-sum-exp alone (the sample
-    // and the stream, no admission, no barrier). Deferred admission (records, a re-read after the stream) ran in s23
-    // call A only.
-    {"probe_fix_no_end", kdb::launch_topk<__nv_bfloat16, 8, kdb::vocab::kLane, 512, true, -1, 1, kNoEnd>},
-    {"probe_fix_lse", kdb::launch_topk<__nv_bfloat16, 8, kdb::vocab::kLane, 512, true, -1, 1, kLse | kNoEnd>},
+    {"fixedzb/lane", fixed<v::kLane, 0>},
+    // s23: the sample in 512-byte segments ("seg"), the block's end by the value cut ("cut"), and probes (not
+    // checked): the fixed stream without the block's end, its log-sum-exp alone (the sample and the stream, no
+    // admission, no barrier), the end without its sort. Deferred admission (records, a re-read after the stream)
+    // ran in s23 call A only.
+    {"seg/lane", fixed<v::kLane, v::kSegSample>},
+    {"cut/lane", fixed<v::kLane, v::kCutEnd>},
+    {"segcut/lane", fixed<v::kLane, v::kSegSample | v::kCutEnd>},
+    {"segcut", fixed<v::kBitsRank, v::kSegSample | v::kCutEnd>},
+    {"probe_fix_no_end", fixed<v::kLane, v::kFixNoEnd>},
+    {"probe_fix_lse", fixed<v::kLane, v::kFixNoAdmit | v::kFixNoEnd>},
+    {"probe_seg_lse", fixed<v::kLane, v::kSegSample | v::kFixNoAdmit | v::kFixNoEnd>},
+    {"probe_fix_no_sort", fixed<v::kLane, v::kNoSort>},
+    {"probe_cut_no_sort", fixed<v::kLane, v::kCutEnd | v::kNoSort>},
 };
 constexpr int kNV = sizeof(kVariants) / sizeof(kVariants[0]);
 constexpr int L = 15, V = 163840, kRounds = 15;
