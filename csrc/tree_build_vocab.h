@@ -81,9 +81,9 @@ __device__ __forceinline__ float sample_estimate(const T* row, int c0, int cv, i
   Raw<T, VW> r;
 #pragma unroll
   for (int q = 0; q < kPer / VW; ++q) {
-    const int v = q * kThreads + int(threadIdx.x);
-    const int64_t at = kSeg ? (v / 32) * stride + v % 32 : v * stride;
-    r.v[q] = __ldg(reinterpret_cast<const uint4*>(row) + int64_t(c0) * (kChunk / VW) + at);
+    const unsigned v = q * kThreads + threadIdx.x;
+    r.v[q] = __ldg(reinterpret_cast<const uint4*>(row) + int64_t(c0) * (kChunk / VW) +
+                   (kSeg ? (v / 32) * stride + v % 32 : v * stride));
   }
   float x[kPer];
   r.to_float(x);
