@@ -13,6 +13,7 @@
 #include "tree_build_select.h"
 #include "tree_build_stream.h"
 #include "tree_build_cut.h"
+#include "tree_build_sort.h"
 
 namespace kdb {
 namespace vocab {
@@ -71,19 +72,19 @@ __device__ __forceinline__ int sample_count(int k, int chunks) {
   return kAim < 0 ? sample_m(k, chunks) : max(8, kAim * k / chunks);
 }
 
-// kSeg (bisection only): the sample in 32-vector segments (512 B, one warp's load) spread evenly over the block's
-// vector chunks, sample vector v at segment v / 32, offset v % 32: whole DRAM bursts instead of one 16-byte vector
-// each (s23 call A: the scattered sample cost ~9-10 us a wave).
-template <typename T, int VW, int kAim = 4, int kEst = 0, bool kSeg = false>
+// kSeg > 1 (bisection only): the sample in segments of kSeg vectors spread evenly over the block's vector chunks,
+// sample vector v at segment v / kSeg, offset v % kSeg: whole DRAM bursts instead of one 16-byte vector each (s23
+// call A: the scattered sample cost ~9-10 us a wave).
+template <typename T, int VW, int kAim = 4, int kEst = 0, int kSeg = 1>
 __device__ __forceinline__ float sample_estimate(const T* row, int c0, int cv, int k, uint64_t* keys, TopkSmem& sm) {
-  constexpr int kSampleVecs = kThreads * (kPer / VW), kSegs = kSampleVecs / 32;
-  const int64_t stride = int64_t(cv - c0) * (kChunk / VW) / (kSeg ? kSegs : kSampleVecs);  // >= 32 with kSeg
+  constexpr int kSampleVecs = kThreads * (kPer / VW), kSegs = kSampleVecs / kSeg;
+  const int64_t stride = int64_t(cv - c0) * (kChunk / VW) / kSegs;  // >= kSeg: blocks of >= kSampleMinChunks chunks
   Raw<T, VW> r;
 #pragma unroll
   for (int q = 0; q < kPer / VW; ++q) {
     const unsigned v = q * kThreads + threadIdx.x;
     r.v[q] = __ldg(reinterpret_cast<const uint4*>(row) + int64_t(c0) * (kChunk / VW) +
-                   (kSeg ? (v / 32) * stride + v % 32 : v * stride));
+                   (kSeg > 1 ? (v / kSeg) * stride + v % kSeg : v * stride));
   }
   float x[kPer];
   r.to_float(x);
@@ -144,10 +145,15 @@ struct LseOnlyStream {
   __device__ __forceinline__ void consume(const float (&x)[kPer], unsigned, int) { st.add(x); }
 };
 
-// kOpt bits (the bench's A/B switches; 0 is the shipped kernel): kSegSample, the sample in segments (sample_estimate);
-// kCutEnd, the block's end by the value cut (finish_cut); probes (wrong outputs): kFixNoEnd returns after the fixed
-// stream, before the block's end, kFixNoAdmit streams the log-sum-exp alone, kNoSort leaves the end's keys unsorted.
-enum Opt : int { kFixNoEnd = 2, kFixNoAdmit = 4, kSegSample = 8, kCutEnd = 16, kNoSort = 32 };
+// kOpt bits (the bench's A/B switches; 0 is the shipped kernel): kSegSample / kSeg128 / kSeg64, the sample in
+// segments of 512 / 128 / 64 B (sample_estimate); kCutEnd, the block's end by the value cut (finish_cut); kRadixSort,
+// its sort by the radix sort (sort_kept); probes (wrong outputs): kFixNoEnd returns after the fixed stream, before
+// the block's end, kFixNoAdmit streams the log-sum-exp alone, kNoSort leaves the end's keys unsorted.
+enum Opt : int { kFixNoEnd = 2, kFixNoAdmit = 4, kSegSample = 8, kCutEnd = 16, kNoSort = 32, kSeg64 = 64, kSeg128 = 128,
+                 kRadixSort = 256 };
+// Sample segments in vectors: 512 B (kSegSample), 128 B, 64 B, or one vector each (the shipped, scattered sample).
+template <int kOpt>
+constexpr int kSegVecs = (kOpt & kSegSample) ? 32 : (kOpt & kSeg128) ? 8 : (kOpt & kSeg64) ? 4 : 1;
 
 // The block's stream with the fixed threshold est (-inf: none), then the exact stream where it did not hold at least
 // k and at most kCap keys >= est. Returns the log-sum-exp state of the stream whose keys are held.
@@ -178,12 +184,17 @@ __device__ __forceinline__ LseState fixed_stream(uint64_t* keys, TopkSmem& sm, i
 template <int kAdmit, int kOpt = 0>
 __device__ __forceinline__ void finish_block(uint64_t* keys, LseState st, const TopkArgs& a, int64_t r, TopkSmem& sm) {
   const int k = a.k;
-  constexpr bool kSort = (kOpt & kNoSort) == 0;
-  if constexpr ((kOpt & kCutEnd) != 0) {
+  constexpr bool kSort = (kOpt & kNoSort) == 0, kRadix = (kOpt & kRadixSort) != 0;
+  if constexpr ((kOpt & (kCutEnd | kRadixSort)) != 0) {
     __syncthreads();
     const bool few = kAdmit == kBitsRank && sm.count <= kThreads;  // block-uniform
-    if (few) finish_by_rank(keys, k, sm);
-    else finish_cut<kSort>(keys, k, sm);
+    if (few) {
+      finish_by_rank(keys, k, sm);
+    } else {
+      const int kk = (kOpt & kCutEnd) ? finish_cut<kSort && !kRadix>(keys, k, sm)
+                                      : finish_sorted<kSort && !kRadix>(keys, k, sm);
+      if (kSort && kRadix) sort_kept(keys, kk, k, sm);
+    }
   } else if constexpr (kAdmit == kBitsRank) {
     finish_by_rank(keys, k, sm);
   } else {
@@ -220,7 +231,7 @@ __global__ void __launch_bounds__(kThreads, 4) topk_kernel(TopkArgs a) {
   if constexpr (kSample && VW > 1) {
     constexpr int kAim = kFix != 0 ? kFix : 4;
     if (cv - c0 >= kSampleMinChunks)
-      est = sample_estimate<T, VW, kAim, kEst, (kOpt & kSegSample) != 0>(row, c0, cv, k, keys, sm);
+      est = sample_estimate<T, VW, kAim, kEst, kSegVecs<kOpt>>(row, c0, cv, k, keys, sm);
   }
   if constexpr (kFix != 0) {
     const LseState st = fixed_stream<T, VW, kAdmit, kMarkMin, kOpt>(keys, sm, k, est, row, V, c0, cv, c1);
@@ -243,7 +254,7 @@ __global__ void __launch_bounds__(kThreads, 4) topk_kernel(TopkArgs a) {
     __syncthreads();
     if (redo) st = stream_exact<T, VW, kAdmit, kMarkMin>(keys, sm, k, row, V, c0, cv, c1);
   }
-  finish_block<kAdmit>(keys, st, a, r, sm);
+  finish_block<kAdmit, kOpt>(keys, st, a, r, sm);
 }
 
 // One block per row: the splits' sorted key lists (splits * k keys, 0-padded) merged by a tree of bitonic merges

@@ -42,19 +42,18 @@ const Variant kVariants[] = {  // [0] is the shipped one: every other variant is
     // the z rule ("z"); the rare second stream kLane ("/lane") or kBitsRank admission (and the block's end by rank
     // where it holds <= 256 keys). Blocks of fewer than 8 vector chunks take that exact stream at once.
     {"fixedzb/lane", fixed<v::kLane, 0>},
-    // s23: the sample in 512-byte segments ("seg"), the block's end by the value cut ("cut"), and probes (not
-    // checked): the fixed stream without the block's end, its log-sum-exp alone (the sample and the stream, no
-    // admission, no barrier), the end without its sort. Deferred admission (records, a re-read after the stream)
-    // ran in s23 call A only.
+    // s23: the sample in segments of 512 / 128 / 64 bytes ("seg", "seg128", "seg64"), the block's end sorted by
+    // CUB's radix sort ("radix"), and a probe (not checked): the end without its sort. Deferred admission (call A),
+    // the end by the value cut (call B) and the probes of the fixed stream without its end or admission (calls A, B)
+    // ran in s23 only.
     {"seg/lane", fixed<v::kLane, v::kSegSample>},
-    {"cut/lane", fixed<v::kLane, v::kCutEnd>},
-    {"segcut/lane", fixed<v::kLane, v::kSegSample | v::kCutEnd>},
-    {"segcut", fixed<v::kBitsRank, v::kSegSample | v::kCutEnd>},
-    {"probe_fix_no_end", fixed<v::kLane, v::kFixNoEnd>},
-    {"probe_fix_lse", fixed<v::kLane, v::kFixNoAdmit | v::kFixNoEnd>},
-    {"probe_seg_lse", fixed<v::kLane, v::kSegSample | v::kFixNoAdmit | v::kFixNoEnd>},
+    {"seg128/lane", fixed<v::kLane, v::kSeg128>},
+    {"seg64/lane", fixed<v::kLane, v::kSeg64>},
+    {"radix/lane", fixed<v::kLane, v::kRadixSort>},
+    {"seg64radix/lane", fixed<v::kLane, v::kSeg64 | v::kRadixSort>},
+    {"seg128radix/lane", fixed<v::kLane, v::kSeg128 | v::kRadixSort>},
+    {"lane/512/radix", kdb::launch_topk<__nv_bfloat16, 8, v::kLane, 512, false, 0, 0, v::kRadixSort>},
     {"probe_fix_no_sort", fixed<v::kLane, v::kNoSort>},
-    {"probe_cut_no_sort", fixed<v::kLane, v::kCutEnd | v::kNoSort>},
 };
 constexpr int kNV = sizeof(kVariants) / sizeof(kVariants[0]);
 constexpr int L = 15, V = 163840, kRounds = 15;
