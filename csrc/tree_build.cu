@@ -324,18 +324,17 @@ cudaError_t tree_build_topk_plan(TopkArgs& a, int forced, int device) {
 
 // The vocabulary pass's shipped variant: prune at max(2k, 512) held keys; to k 64 kBitsRank (about one key a lane
 // admits, and blocks end holding few: 6-11 % faster at batch >= 8, s20 call E). Above it, where the plan gives blocks
-// of at least kSampleMinChunks chunks, one stream with the sampled estimate as a fixed threshold (kFix: the z rule
-// for the sample count, the estimate by bisection; 12-29 % faster at batch >= 32, s22 call B), its rare second stream
-// kLane admission; else kLane admission, from k 512 with the sampled estimate as a floor (kSample; below 512 it costs
-// more than it saves, plans/0004 "tree_build"). reports/h200/tree_build_vocab_bench.cu times the others against it.
+// of at least kSampleMinChunks chunks, one stream with the sampled estimate as a fixed threshold (kFix: 12-29 % faster
+// at batch >= 32, s22 call B; the sample in 128-byte segments, s23), its rare second stream kLane admission; else kLane
+// admission (the sampled floor it took from k 512 until s23 could not sample on such blocks). Above 128 kept keys the
+// end sorts by the radix sort (s23; tree_build_end.h). reports/h200/tree_build_vocab_bench.cu times the others.
 constexpr int kAdmitShipped = vocab::kLane, kAdmitSmallK = vocab::kBitsRank, kSmallKMax = 64;
-constexpr int kMarkShipped = 512, kSampleMinK = 512;
-constexpr int kFixZRule = -1, kEstBisect = 1;
+constexpr int kMarkShipped = 512;
 
-template <typename T, int VW, int kAdmit, int kMarkMin, bool kSample, int kFix = 0, int kEst = 0, int kFixOpt = 0>
+template <typename T, int VW, int kAdmit, int kMarkMin, bool kFix, int kOpt = 0>
 cudaError_t launch_topk(const TopkArgs& a, cudaStream_t stream) {
   const size_t smem = vocab::kCap * sizeof(uint64_t);
-  auto* kernel = vocab::topk_kernel<T, VW, kAdmit, kMarkMin, kSample, kFix, kEst, kFixOpt>;
+  auto* kernel = vocab::topk_kernel<T, VW, kAdmit, kMarkMin, kFix, kOpt>;
   KDB_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
   kernel<<<unsigned(a.rows * a.splits), vocab::kThreads, smem, stream>>>(a);
   KDB_LAUNCH_CHECK();
@@ -347,10 +346,11 @@ cudaError_t launch_topk(const TopkArgs& a, cudaStream_t stream) {
 template <typename T, int VW>
 cudaError_t launch_topk_shipped(const TopkArgs& a, cudaStream_t stream) {
   if (a.k <= kSmallKMax) return launch_topk<T, VW, kAdmitSmallK, kMarkShipped, false>(a, stream);
-  if (VW > 1 && std::min(a.chunks_per_split, a.vocab / vocab::kChunk) >= vocab::kSampleMinChunks)  // blocks sample
-    return launch_topk<T, VW, kAdmitShipped, kMarkShipped, true, kFixZRule, kEstBisect>(a, stream);
-  return a.k >= kSampleMinK ? launch_topk<T, VW, kAdmitShipped, kMarkShipped, true>(a, stream)
-                            : launch_topk<T, VW, kAdmitShipped, kMarkShipped, false>(a, stream);
+  if constexpr (VW > 1) {  // blocks of enough vector chunks sample
+    if (std::min(a.chunks_per_split, a.vocab / vocab::kChunk) >= vocab::kSampleMinChunks)
+      return launch_topk<T, VW, kAdmitShipped, kMarkShipped, true>(a, stream);
+  }
+  return launch_topk<T, VW, kAdmitShipped, kMarkShipped, false>(a, stream);
 }
 
 cudaError_t tree_build_topk_launch(const TopkArgs& a, cudaStream_t stream) {

@@ -43,7 +43,6 @@ struct TopkSmem {
   int sel_digit, sel_above, sel_bin;
   float red_m[kWarps], red_s[kWarps];
   float red_t[kWarps];     // first_bound: each warp's bound
-  int tie_count;           // finish_cut: ties listed (tree_build_cut.h)
 };
 
 // Bits in which the n >= 1 keys differ, and the value of the bits they share (AND of all keys).
@@ -214,42 +213,6 @@ struct DevBlk {
   }
   __device__ static void sort_desc(uint64_t* k, int p) { bitonic_sort_desc(k, p); }
 };
-// The held candidates cut to exactly min(k, held) and sorted descending; keys[kk, max(p, k)) are 0. kSort false: a
-// probe (the bench's no-sort rows) that leaves them unsorted.
-template <bool kSort = true>
-__device__ int finish_sorted(uint64_t* keys, int k, TopkSmem& sm) {
-  __syncthreads();
-  if (sm.count > k) prune(keys, k, 0, sm);
-  const int kk = sm.count;
-  int p = 1;
-  while (p < kk) p <<= 1;
-  for (int i = kk + threadIdx.x; i < max(p, k); i += kThreads) keys[i] = 0;
-  __syncthreads();
-  if constexpr (kSort) bitonic_sort_desc(keys, p);
-  return kk;
-}
-
-// finish_sorted's result by ranks where n = sm.count <= kThreads (else finish_sorted): thread t ranks key t against
-// all n (rank = how many keys are larger; keys are distinct, so ranks are too) and writes it to keys[rank] if rank < k.
-// n compares a thread, one pass and two barriers instead of radix passes and a sort (a limit of 2 kThreads keys, two a
-// thread, was slower at k 256: plans/0004 Session 20).
-__device__ int finish_by_rank(uint64_t* keys, int k, TopkSmem& sm) {
-  __syncthreads();
-  const int n = sm.count, t = threadIdx.x;
-  if (n > kThreads) return finish_sorted(keys, k, sm);  // block-uniform
-  const uint64_t a = t < n ? keys[t] : 0;
-  int ra = 0;
-#pragma unroll 4
-  for (int i = 0; i < n; ++i) ra += keys[i] > a ? 1 : 0;  // the same address in every lane: a broadcast
-  __syncthreads();  // every key is read before any moves
-  if (t < n && ra < k) keys[ra] = a;
-  const int kk = min(k, n);
-  for (int i = kk + t; i < k; i += kThreads) keys[i] = 0;
-  if (t == 0) sm.count = kk;
-  __syncthreads();
-  return kk;
-}
-
 __device__ void write_top(const uint64_t* keys, int k, float lse, float* top_lp, int64_t* top_tok) {
   for (int j = threadIdx.x; j < k; j += kThreads) {
     const uint64_t key = keys[j];

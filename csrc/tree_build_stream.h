@@ -192,9 +192,8 @@ struct Stream {
   uint64_t* keys;
   TopkSmem& sm;
   int k;
-  float floor = -INFINITY;  // sample_estimate's admission floor (-inf: none)
   bool first = true;
-  float thr = -INFINITY;  // admit x >= thr: max(first bound, floor), then thr_val (or the float above it) of a prune
+  float thr = -INFINITY;  // admit x >= thr: the first bound, then thr_val (or the float above it) of a prune
   int held = 0;           // sm.count as of the last check
   LseState st;
 
@@ -205,7 +204,6 @@ struct Stream {
     if (first) {
       first = false;
       if (k <= kThreads) thr = first_bound(mc, k, sm);
-      thr = fmaxf(thr, floor);
     }
     if (!__syncthreads_or(admit<kAdmit, VW>(keys, sm, x, mc, valid, c, thr))) return;
     held = sm.count;

@@ -1,7 +1,8 @@
 // Device code of the tree_build vocabulary pass (included by tree_build.cu only): one streaming read of the
 // logits per (row, split) block computes the log-sum-exp and keeps top-K candidates in shared memory, pruned
 // by radix selection on 64-bit (value, ~id) keys (the chunk loop and admission: tree_build_stream.h), or, from the
-// sampled estimate, admitted above a fixed threshold; split rows are merged by merge_kernel. plans/0004 "tree_build".
+// sampled estimate, admitted above a fixed threshold; the block's end (tree_build_end.h) sorts them; split rows are
+// merged by merge_kernel. plans/0004 "tree_build".
 #pragma once
 #include <cuda_bf16.h>
 
@@ -12,21 +13,14 @@
 #include "tree_build_merge.h"
 #include "tree_build_select.h"
 #include "tree_build_stream.h"
-#include "tree_build_cut.h"
-#include "tree_build_sort.h"
+#include "tree_build_end.h"
 
 namespace kdb {
 namespace vocab {
 
-// kSample, blocks of >= kSampleMinChunks vector chunks: an admission floor aimed at about the block's 4k-th
-// largest logit, from kThreads * kPer = 4096 logits in kSampleVecs vectors spread evenly over its vector chunks
-// (sample vector v is vector c0 * kChunk / VW + v * stride of the row, stride = the block's vectors /
-// kSampleVecs; thread t loads v = t + q * kThreads). m = max(8, 4 k / chunks); the radix select returns a value
-// word t with at least m samples >= t (the m-th largest sample's value, or, when its bin is taken whole, that
-// value with the undecided low bits zeroed: at most the m-th, at least the (m+1)-th). Not a bound: the kernel
-// streams the block again from -inf when fewer than k logits were >= it. Returns -inf when that value is -inf
-// (too few finite samples) or NaN. kAim (the fixed-threshold stream, kFix): m = max(8, kAim k / chunks), or with
-// kAim < 0 the z rule (sample_m). kEst 1: bisect_estimate instead of the radix select. All threads.
+// kFix, blocks of >= kSampleMinChunks vector chunks: an admission threshold from kThreads * kPer = 4096 sampled logits
+// (sample_estimate), the m-th largest sample's value word as bisect_estimate finds it, m by the z rule (sample_m).
+// Not a bound: the kernel streams the block again from -inf when fewer than k or more than kCap logits were >= it.
 constexpr int kSampleMinChunks = 8;
 
 // The z rule: the smallest m with m f - k >= z sqrt(m) f, f = logits per sample (the block's chunks): about m f
@@ -66,45 +60,27 @@ __device__ float bisect_estimate(const float (&x)[kPer], int m, TopkSmem& sm) {
   return float_from_order_key(lo << 16);
 }
 
-// How many samples the estimate stands on: the z rule (kAim < 0) or max(8, kAim k / chunks).
-template <int kAim>
-__device__ __forceinline__ int sample_count(int k, int chunks) {
-  return kAim < 0 ? sample_m(k, chunks) : max(8, kAim * k / chunks);
-}
-
-// kSeg > 1 (bisection only): the sample in segments of kSeg vectors spread evenly over the block's vector chunks,
-// sample vector v at segment v / kSeg, offset v % kSeg: whole DRAM bursts instead of one 16-byte vector each (s23
-// call A: the scattered sample cost ~9-10 us a wave).
-template <typename T, int VW, int kAim = 4, int kEst = 0, int kSeg = 1>
-__device__ __forceinline__ float sample_estimate(const T* row, int c0, int cv, int k, uint64_t* keys, TopkSmem& sm) {
-  constexpr int kSampleVecs = kThreads * (kPer / VW), kSegs = kSampleVecs / kSeg;
-  const int64_t stride = int64_t(cv - c0) * (kChunk / VW) / kSegs;  // >= kSeg: blocks of >= kSampleMinChunks chunks
+// The sample: kThreads * kPer logits in segments of kSampleSegVecs vectors (128 B) spread evenly over the block's
+// vector chunks [c0, cv), sample vector v at segment v / kSampleSegVecs, offset v % kSampleSegVecs (thread t loads
+// v = t + q * kThreads). Whole DRAM bursts: one 16-byte vector each (s22, kScatterSample: vector v at v * stride) cost
+// ~6 us more a wave (s23 call C); 512-byte segments were as fast but, coarser, put the rising rows' estimate below
+// kCap more logits (a second stream, 11x slower, s23 call B). Returns -inf for an estimate of -inf or NaN. All threads.
+constexpr int kSampleSegVecs = 8;
+template <typename T, int VW, bool kScatter = false>
+__device__ __forceinline__ float sample_estimate(const T* row, int c0, int cv, int k, TopkSmem& sm) {
+  constexpr int kSampleVecs = kThreads * (kPer / VW), kSeg = kScatter ? 1 : kSampleSegVecs;
+  const int64_t stride = int64_t(cv - c0) * (kChunk / VW) / (kSampleVecs / kSeg);  // >= kSeg: >= 8 chunks a block
   Raw<T, VW> r;
 #pragma unroll
   for (int q = 0; q < kPer / VW; ++q) {
     const unsigned v = q * kThreads + threadIdx.x;
-    r.v[q] = __ldg(reinterpret_cast<const uint4*>(row) + int64_t(c0) * (kChunk / VW) +
-                   (kSeg > 1 ? (v / kSeg) * stride + v % kSeg : v * stride));
+    r.v[q] = __ldg(reinterpret_cast<const uint4*>(row) + int64_t(c0) * (kChunk / VW) + (v / kSeg) * stride + v % kSeg);
   }
   float x[kPer];
   r.to_float(x);
-  if constexpr (kEst == 1) {
-    const float est = bisect_estimate(x, sample_count<kAim>(k, cv - c0), sm);
-    __syncthreads();  // sm.hist is scratch: the stream's prunes use it
-    return isnan(est) ? -INFINITY : est;
-  } else {
-#pragma unroll
-    for (int j = 0; j < kPer; ++j) {
-      const int v = (j / VW) * kThreads + int(threadIdx.x);
-      keys[v * VW + j % VW] = make_key(x[j], uint32_t((int64_t(c0) * (kChunk / VW) + v * stride) * VW + j % VW));
-    }
-    __syncthreads();
-    // tie stop once the value word is decided
-    const uint64_t t = radix_select_ge(keys, kChunk, sample_count<kAim>(k, cv - c0), kChunk, sm).t;
-    __syncthreads();  // the keys are scratch: the stream appends from slot 0
-    const float est = float_from_order_key(uint32_t(t >> 32));
-    return isnan(est) ? -INFINITY : est;
-  }
+  const float est = bisect_estimate(x, sample_m(k, cv - c0), sm);
+  __syncthreads();  // sm.hist is scratch: the stream's prunes use it
+  return isnan(est) ? -INFINITY : est;
 }
 
 // The block's chunks streamed again from -inf (after an estimate above the k-th): outlined, so the rare second
@@ -120,9 +96,9 @@ __device__ __noinline__ LseState stream_exact(uint64_t* keys, TopkSmem& sm, int 
 }
 
 // kFix: the block streams once with the sampled estimate as a fixed admission threshold: no prunes, so no barrier
-// in the stream (warps run apart), and a lane stores its few keys >= thr by its set bits (the estimate aims at about
-// kFix k keys: ~one a holding lane). A lane whose keys would pass kCap stores none; the count still grows, so after
-// the stream count > kCap (too low an estimate) or count < k (too high) means the block streams again exactly.
+// in the stream (warps run apart), and a lane stores its few keys >= thr by its set bits (the z rule holds about
+// k + 4 spreads of keys: ~one a holding lane). A lane whose keys would pass kCap stores none; the count still grows,
+// so after the stream count > kCap (too low an estimate) or count < k (too high) means the block streams again.
 struct FixedStream {
   uint64_t* keys;
   TopkSmem& sm;
@@ -145,15 +121,10 @@ struct LseOnlyStream {
   __device__ __forceinline__ void consume(const float (&x)[kPer], unsigned, int) { st.add(x); }
 };
 
-// kOpt bits (the bench's A/B switches; 0 is the shipped kernel): kSegSample / kSeg128 / kSeg64, the sample in
-// segments of 512 / 128 / 64 B (sample_estimate); kCutEnd, the block's end by the value cut (finish_cut); kRadixSort,
-// its sort by the radix sort (sort_kept); probes (wrong outputs): kFixNoEnd returns after the fixed stream, before
-// the block's end, kFixNoAdmit streams the log-sum-exp alone, kNoSort leaves the end's keys unsorted.
-enum Opt : int { kFixNoEnd = 2, kFixNoAdmit = 4, kSegSample = 8, kCutEnd = 16, kNoSort = 32, kSeg64 = 64, kSeg128 = 128,
-                 kRadixSort = 256 };
-// Sample segments in vectors: 512 B (kSegSample), 128 B, 64 B, or one vector each (the shipped, scattered sample).
-template <int kOpt>
-constexpr int kSegVecs = (kOpt & kSegSample) ? 32 : (kOpt & kSeg128) ? 8 : (kOpt & kSeg64) ? 4 : 1;
+// kOpt bits, the bench's A/B switches (0 is the shipped kernel): kScatterSample, s22's sample of scattered vectors;
+// kBitonicSort, s22's end (the bitonic sort at every size); probes (wrong outputs): kFixNoEnd returns after the fixed
+// stream, before the block's end, kFixNoAdmit streams the log-sum-exp alone, kNoSort leaves the end's keys unsorted.
+enum Opt : int { kFixNoEnd = 1, kFixNoAdmit = 2, kNoSort = 4, kScatterSample = 8, kBitonicSort = 16 };
 
 // The block's stream with the fixed threshold est (-inf: none), then the exact stream where it did not hold at least
 // k and at most kCap keys >= est. Returns the log-sum-exp state of the stream whose keys are held.
@@ -184,21 +155,10 @@ __device__ __forceinline__ LseState fixed_stream(uint64_t* keys, TopkSmem& sm, i
 template <int kAdmit, int kOpt = 0>
 __device__ __forceinline__ void finish_block(uint64_t* keys, LseState st, const TopkArgs& a, int64_t r, TopkSmem& sm) {
   const int k = a.k;
-  constexpr bool kSort = (kOpt & kNoSort) == 0, kRadix = (kOpt & kRadixSort) != 0;
-  if constexpr ((kOpt & (kCutEnd | kRadixSort)) != 0) {
-    __syncthreads();
-    const bool few = kAdmit == kBitsRank && sm.count <= kThreads;  // block-uniform
-    if (few) {
-      finish_by_rank(keys, k, sm);
-    } else {
-      const int kk = (kOpt & kCutEnd) ? finish_cut<kSort && !kRadix>(keys, k, sm)
-                                      : finish_sorted<kSort && !kRadix>(keys, k, sm);
-      if (kSort && kRadix) sort_kept(keys, kk, k, sm);
-    }
-  } else if constexpr (kAdmit == kBitsRank) {
+  if constexpr (kAdmit == kBitsRank) {
     finish_by_rank(keys, k, sm);
   } else {
-    finish_sorted<kSort>(keys, k, sm);
+    finish_sorted<(kOpt & kBitonicSort) == 0, (kOpt & kNoSort) == 0>(keys, k, sm);
   }
   const float2 ms = block_ms(st, sm);
   if (a.splits == 1) return write_row(keys, ms.x, ms.y, a, r);
@@ -209,9 +169,9 @@ __device__ __forceinline__ void finish_block(uint64_t* keys, LseState st, const 
 
 // Block (row r, split s) streams chunks [s * cps, (s + 1) * cps) of row r. Unsplit (splits == 1): writes the
 // row's outputs. Split: writes its top-min(k, held) keys, sorted and 0-padded to k, and its (m, s) partials.
-// kFix != 0 (with kSample): the fixed-threshold stream above, the estimate aimed at about kFix k keys (kFix < 0: the
-// z rule); kEst: the estimate's method (0 radix select, 1 bisection).
-template <typename T, int VW, int kAdmit, int kMarkMin, bool kSample, int kFix = 0, int kEst = 0, int kOpt = 0>
+// kFix: the fixed-threshold stream from the sampled estimate (on blocks of >= kSampleMinChunks vector chunks; others
+// stream exactly at once); else the stream with a running threshold and prunes. kOpt: the bench's switches (Opt).
+template <typename T, int VW, int kAdmit, int kMarkMin, bool kFix, int kOpt = 0>
 __global__ void __launch_bounds__(kThreads, 4) topk_kernel(TopkArgs a) {
   extern __shared__ __align__(16) unsigned char topk_smem_raw[];
   uint64_t* keys = reinterpret_cast<uint64_t*>(topk_smem_raw);  // [kCap]
@@ -227,13 +187,10 @@ __global__ void __launch_bounds__(kThreads, 4) topk_kernel(TopkArgs a) {
   const int nfull = VW > 1 ? V / kChunk : 0;  // vector chunks; the rest goes through scalar loads
   const int c0 = split * a.chunks_per_split, c1 = min(c0 + a.chunks_per_split, ceil_div(V, kChunk));
   const int cv = max(c0, min(c1, nfull));     // vector chunks [c0, cv), scalar chunks [cv, c1)
-  float est = -INFINITY;
-  if constexpr (kSample && VW > 1) {
-    constexpr int kAim = kFix != 0 ? kFix : 4;
-    if (cv - c0 >= kSampleMinChunks)
-      est = sample_estimate<T, VW, kAim, kEst, kSegVecs<kOpt>>(row, c0, cv, k, keys, sm);
-  }
-  if constexpr (kFix != 0) {
+  if constexpr (kFix) {
+    float est = -INFINITY;
+    if (VW > 1 && cv - c0 >= kSampleMinChunks)
+      est = sample_estimate<T, VW, (kOpt & kScatterSample) != 0>(row, c0, cv, k, sm);
     const LseState st = fixed_stream<T, VW, kAdmit, kMarkMin, kOpt>(keys, sm, k, est, row, V, c0, cv, c1);
     if constexpr ((kOpt & kFixNoEnd) != 0) {  // keep the log-sum-exp live (never true: s >= 0), then stop
       if (st.s < 0.f && a.lse != nullptr) a.lse[r] = st.m;
@@ -241,20 +198,13 @@ __global__ void __launch_bounds__(kThreads, 4) topk_kernel(TopkArgs a) {
     }
     return finish_block<kAdmit, kOpt>(keys, st, a, r, sm);
   }
-  Stream<kAdmit, kMarkMin> s{keys, sm, k, est};
+  Stream<kAdmit, kMarkMin> s{keys, sm, k};
   stream_chunks<T, VW>(s, row, V, c0, cv, c1);
   if constexpr (kAdmit == kLaneNoFinal) {  // keep the log-sum-exp live (never true: s >= 0), then stop
     if (s.st.s < 0.f && a.lse != nullptr) a.lse[r] = s.st.m;
     return;
   }
-  LseState st = s.st;
-  if (est > -INFINITY) {  // block-uniform
-    __syncthreads();
-    const bool redo = sm.count < k;  // fewer than k logits were >= est: est was above the k-th
-    __syncthreads();
-    if (redo) st = stream_exact<T, VW, kAdmit, kMarkMin>(keys, sm, k, row, V, c0, cv, c1);
-  }
-  finish_block<kAdmit, kOpt>(keys, st, a, r, sm);
+  finish_block<kAdmit, kOpt>(keys, s.st, a, r, sm);
 }
 
 // One block per row: the splits' sorted key lists (splits * k keys, 0-padded) merged by a tree of bitonic merges

@@ -19,6 +19,8 @@ from kdbench.check import compare
 from kdbench.config import Tolerance
 from kdbench.references import tree_build as ref
 
+import tree_build_vocab_emulation as em  # the sample's positions (sample_ids), shared with the CPU emulation
+
 gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 DEVICE = "cuda"
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -79,6 +81,8 @@ CASES = [
     # above overflows kCap there and streams again): normal bf16 at k 256, fp32 (4-logit vectors) at k 128
     Case(20, 15, 65536, 256, "bfloat16", "normal", 37),
     Case(20, 15, 65536, 128, "float32", "normal", 38),
+    # s23: the end's radix sort with padding (700 kept keys, four a thread; the plan's 5-chunk splits: kLane)
+    Case(1, 3, 163840, 700, "bfloat16", "peaked", 54),
 ]
 IDS = [f"b{c.batch}-L{c.depth}-V{c.vocab}-B{c.budget}-{c.dtype}-{c.logits}" for c in CASES]
 
@@ -104,11 +108,11 @@ def logit_values(case: Case, rng: np.random.Generator) -> np.ndarray:
         x = rng.normal(0, 1, shape)
         x[np.arange(shape[0])[:, None], np.arange(shape[1])[None, :], rng.integers(0, shape[2], shape[:2])] += 12
     elif case.logits == "decoy":
-        # sample_estimate of an unsplit bf16 row (csrc/tree_build_vocab.h): vector v (8 logits) at v * stride.
+        # the sample of an unsplit bf16 row (sample_estimate, csrc/tree_build_vocab.h): 64 segments of 64 logits,
+        # each segment one bf16 value above the rest (fp32 rows sample every other of these segments' first halves)
         x = rng.normal(0, 1.0, shape)
-        stride = shape[2] // 4096  # vectors: V / 4096 chunks x 512 vectors over 512 sample vectors
-        for v in range(512):
-            x[..., v * stride * 8:v * stride * 8 + 8] = 10.0 + 0.0625 * (v % 64)
+        ids = em.sample_ids(0, shape[2] // em.CHUNK, 8)
+        x[..., ids] = 10.0 + 0.0625 * (np.arange(ids.size) // 64 % 64)
     elif case.logits == "flat":  # every logit equal: the top-k are the k smallest ids
         x = np.full(shape, 1.5)
     elif case.logits == "rising":
@@ -162,7 +166,7 @@ SPLIT_CASES = [
     (Case(1, 2, 163840, 512, "float32", "ties", 48), (1, 5)),
     (Case(1, 2, 163840, 1024, "bfloat16", "rising", 49), (1, 2)),
     # added after call E (not yet run on a GPU; the emulation runs them): an fp32 re-stream (half of the fp32
-    # sample vectors land on the bf16 decoy groups: the emulation re-streams both rows), a sampled block with a
+    # sample segments land on the bf16 decoy segments: the emulation re-streams both rows), a sampled block with a
     # scalar tail chunk (V = 40 chunks + 8), and rising logits unsplit at k 256 (every chunk admits)
     (Case(1, 2, 163840, 1024, "float32", "decoy", 50), (1,)),
     (Case(1, 2, 163848, 512, "bfloat16", "normal", 51), (1,)),
@@ -170,6 +174,8 @@ SPLIT_CASES = [
     # the plan's split count at batch 1 before s14 (20 splits of 2 chunks; since then 8 of 5), on the same inputs
     (Case(2, 3, 163840, 256, "bfloat16", "rising", 26), (20,)),
     (Case(1, 15, 163840, 64, "bfloat16", "rising", 27), (20,)),
+    # s23: the fixed stream's segmented sample and the end's radix sort with padding (300 kept keys, two a thread)
+    (Case(1, 2, 163840, 300, "bfloat16", "normal", 53), (1, 2)),
 ]
 
 

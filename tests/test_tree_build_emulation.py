@@ -78,9 +78,7 @@ def test_bisect_estimate_is_below_the_mth_sample():
              np.where(rng.random(163840) < 0.5, -np.inf, np.linspace(-8, 8, 163840))][kind].astype(np.float32)
         for k, vw in ((65, 8), (256, 8), (1024, 4)):
             est = em.bisect_estimate(x, 0, 40, k, vw)
-            stride = 40 * (em.CHUNK // vw) // (em.THREADS * em.PER // vw)
-            g = np.arange(em.THREADS * em.PER // vw) * stride
-            sample = x[(g[:, None] * vw + np.arange(vw)[None, :]).ravel()]
+            sample = x[em.sample_ids(0, 40, vw)]
             m = em.sample_m(k, 40)
             assert np.sum(sample >= est) >= m and est <= np.sort(sample)[::-1][m - 1], (kind, k, est)
 
@@ -152,3 +150,20 @@ def test_finish_by_rank_is_the_sorted_top_k():
                 want[:top.size] = top
                 got = em.finish_by_rank(keys, k, rng, em.Device())
                 assert np.array_equal(got, want), (n, kind, k)
+
+
+def test_sample_segments_hold_rising_rows(monkeypatch):
+    """The sample's 128-byte segments (sample_ids) are fine enough for rows ascending in the id: the estimate holds
+    k..CAP keys and the block streams once (s23 call C); 512-byte segments put the estimate below CAP + more logits
+    and stream again (call B: 11x slower on the H200), which this test sees."""
+    case = next(c for c, _ in SPLIT_CASES if c.logits == "rising" and c.budget == 256 and c.seed == 52)
+    x = logit_values(case, np.random.default_rng(case.seed))
+    ids = em.sample_ids(0, 40, 8)
+    assert ids.size == em.THREADS * em.PER and ids.max() < 163840 and np.all(np.diff(ids[:64]) == 1)
+    for seg, want in ((em.SAMPLE_SEG_VECS, 0), (32, case.depth)):
+        monkeypatch.setattr(em, "SAMPLE_SEG_VECS", seg)
+        for k in (256, 1024):
+            stats = {}
+            got = em.topk_tokens(x[0], k, 1, em.Device(seed=case.seed), 2, stats)
+            np.testing.assert_array_equal(got, ref.topk_logprobs(x[0], k)[1])
+            assert stats.get("restreams", 0) == want, (seg, k, stats)

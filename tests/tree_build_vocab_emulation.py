@@ -13,7 +13,7 @@ CAP = 6144                              # vocab::kCap keys of shared memory
 COMPACT_AT = CAP - CHUNK                # capacity: prune when more than this are held
 MARK_MIN = 512                          # kMarkShipped: prune already at max(2k, 512) held (prune_mark)
 SMALL_K_MAX = 64                        # kSmallKMax: to this k the block ends by rank (kBitsRank, s20)
-SAMPLE_MIN_K, SAMPLE_MIN_CHUNKS = 512, 8  # kSampleMinK (launcher), kSampleMinChunks
+SAMPLE_MIN_CHUNKS, SAMPLE_SEG_VECS = 8, 8  # kSampleMinChunks, kSampleSegVecs (128-byte segments of the sample)
 H200_SMS = 132
 MAX_AUTO_SPLITS = 8                     # tree_build_topk_plan's kMaxAutoSplits
 U64 = np.uint64
@@ -150,16 +150,14 @@ def finish_by_rank(held: np.ndarray, k: int, rng: np.random.Generator, dev: Devi
     return out
 
 
-def sample_estimate(x: np.ndarray, c0: int, cv: int, k: int, vw: int, dev: Device) -> np.float32:
-    """sample_estimate(): the value word of radix_select_ge (tie stop once the value word is decided) over the
-    THREADS * PER sample keys, vectors spread over the vector chunks [c0, cv) (vector v at c0 * CHUNK / vw +
-    v * stride), m = max(8, 4k / chunks); NaN -> -inf (value_of)."""
+def sample_ids(c0: int, cv: int, vw: int) -> np.ndarray:
+    """sample_estimate()'s THREADS * PER logit ids: vectors of vw logits in segments of SAMPLE_SEG_VECS spread evenly
+    over the vector chunks [c0, cv), sample vector v at segment v // SAMPLE_SEG_VECS, offset v % SAMPLE_SEG_VECS."""
     nvecs = THREADS * (PER // vw)
-    stride = (cv - c0) * (CHUNK // vw) // nvecs
-    g = c0 * (CHUNK // vw) + np.arange(nvecs) * stride
-    ids = (g[:, None] * vw + np.arange(vw)[None, :]).ravel()
-    t, _ = radix_select_ge(make_keys(x[ids], ids), max(8, 4 * k // (cv - c0)), ids.size, dev)
-    return value_of(t >> 32)
+    stride = (cv - c0) * (CHUNK // vw) // (nvecs // SAMPLE_SEG_VECS)
+    v = np.arange(nvecs)
+    g = c0 * (CHUNK // vw) + (v // SAMPLE_SEG_VECS) * stride + v % SAMPLE_SEG_VECS
+    return (g[:, None] * vw + np.arange(vw)[None, :]).ravel()
 
 
 def sample_m(k: int, chunks: int) -> int:
@@ -172,12 +170,9 @@ def sample_m(k: int, chunks: int) -> int:
 
 
 def bisect_estimate(x: np.ndarray, c0: int, cv: int, k: int, vw: int) -> np.float32:
-    """sample_estimate<.., kEst 1>: the sample of sample_estimate(), then the largest 16-bit p with at least
-    sample_m(k, cv - c0) order keys >> 16 >= p, as the float whose order key is p << 16; NaN -> -inf."""
-    nvecs = THREADS * (PER // vw)
-    stride = (cv - c0) * (CHUNK // vw) // nvecs
-    g = c0 * (CHUNK // vw) + np.arange(nvecs) * stride
-    ids = (g[:, None] * vw + np.arange(vw)[None, :]).ravel()
+    """sample_estimate(): the largest 16-bit p with at least sample_m(k, cv - c0) of the sample's (sample_ids) order
+    keys >> 16 >= p, as the float whose order key is p << 16; NaN -> -inf."""
+    ids = sample_ids(c0, cv, vw)
     hi = (make_keys(x[ids], ids) >> U64(48)).astype(np.int64)   # float_order_key >> 16 (make_key's -0 is +0: same)
     m = sample_m(k, cv - c0)
     p = int(np.sort(hi)[::-1][m - 1])                              # the largest p with count(hi >= p) >= m
@@ -192,14 +187,13 @@ def fixed_stream(x: np.ndarray, c0: int, c1: int, k: int, est: np.float32) -> np
     return make_keys(x[ids], ids) if k <= ids.size <= CAP else None
 
 
-def _stream(x: np.ndarray, c0: int, c1: int, k: int, vw: int, floor: np.float32, rng: np.random.Generator,
-            dev: Device) -> np.ndarray:
-    """Stream.consume over chunks [c0, c1): admission from max(first_bound, floor), prunes at the mark."""
+def _stream(x: np.ndarray, c0: int, c1: int, k: int, vw: int, rng: np.random.Generator, dev: Device) -> np.ndarray:
+    """Stream.consume over chunks [c0, c1): admission from first_bound, prunes at the mark."""
     held, thr = np.zeros(0, U64), np.float32(-np.inf)
     for c in range(c0, c1):
         vw_c = vw if c < x.size // CHUNK else 1          # the tail chunk goes through scalar loads
         if c == c0 and dev.bounds:
-            thr = max(first_bound(x, c, vw_c, k), floor)
+            thr = first_bound(x, c, vw_c, k)
         held = np.concatenate([held, _admit(x, c, vw_c, thr, rng, dev)])
         if held.size > (min(COMPACT_AT, max(2 * k, MARK_MIN)) if dev.bounds else COMPACT_AT):
             held, t, kept, _ = prune(held, k, k // 2, rng, dev)
@@ -212,29 +206,18 @@ def stream_block(x: np.ndarray, c0: int, c1: int, k: int, vw: int, rng: np.rando
                  stats: dict | None = None, fixed: bool = False):
     """topk_kernel for one (row, split) block over chunks [c0, c1) of the row x (float32 [V]). fixed (the launcher's
     kFix kernel): on >= SAMPLE_MIN_CHUNKS vector chunks one fixed-threshold stream from bisect_estimate, else (or
-    when it does not hold k to CAP keys) the exact stream from -inf. Otherwise the sampled estimate as a floor from
-    k >= SAMPLE_MIN_K on >= SAMPLE_MIN_CHUNKS vector chunks, a second stream from -inf when fewer than k logits were
-    >= it. Second streams are counted in stats['restreams']."""
+    when it does not hold k to CAP keys) the exact stream from -inf, counted in stats['restreams']. Otherwise the
+    exact stream. The end sorts (the radix and bitonic sorts give the same order)."""
     cv = max(c0, min(c1, x.size // CHUNK if vw > 1 else 0))
     finish = finish_by_rank if k <= SMALL_K_MAX else _finish_sorted
-    if fixed:
-        held = None
-        if cv - c0 >= SAMPLE_MIN_CHUNKS:
-            est = bisect_estimate(x, c0, cv, k, vw)
-            held = fixed_stream(x, c0, c1, k, est) if est > -np.inf else None
-            if held is None and stats is not None:
-                stats["restreams"] = stats.get("restreams", 0) + 1
-        if held is None:
-            held = _stream(x, c0, c1, k, vw, np.float32(-np.inf), rng, dev)
-        return finish(held, k, rng, dev)
-    est = np.float32(-np.inf)
-    if dev.bounds and k >= SAMPLE_MIN_K and cv - c0 >= SAMPLE_MIN_CHUNKS:
-        est = sample_estimate(x, c0, cv, k, vw, dev)
-    held = _stream(x, c0, c1, k, vw, est, rng, dev)
-    if est > -np.inf and held.size < k:
-        held = _stream(x, c0, c1, k, vw, np.float32(-np.inf), rng, dev)
-        if stats is not None:
+    held = None
+    if fixed and cv - c0 >= SAMPLE_MIN_CHUNKS:
+        est = bisect_estimate(x, c0, cv, k, vw)
+        held = fixed_stream(x, c0, c1, k, est) if est > -np.inf else None
+        if held is None and stats is not None:
             stats["restreams"] = stats.get("restreams", 0) + 1
+    if held is None:
+        held = _stream(x, c0, c1, k, vw, rng, dev)
     return finish(held, k, rng, dev)
 
 

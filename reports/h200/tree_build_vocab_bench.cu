@@ -4,8 +4,9 @@
 // (every row, tokens and log-probs bit for bit) before and after timing; timed with CUDA events after a 256 MB
 // L2-flush memset, variants alternating order between rounds (ABBA), next to the 1 GiB copy ceiling. s19: the
 // block's final prune, sort and writes ("probe_no_final"); s22: a fixed threshold from the sampled estimate, one
-// stream without barriers ("fixed*"); s23: its probes. Rows run in earlier sessions and since dropped (round 3's
-// merge, PDL off, the s21 launcher, kBitsRank, the s22 aims, s23's deferred admission) are in git.
+// stream without barriers ("fixed*"); s23: its sample in segments, the end's radix sort, probes. Rows run in earlier
+// sessions and since dropped (round 3's merge, PDL off, the s21 launcher, kBitsRank, the s22 aims, s23's deferred
+// admission, value cut and other segment sizes) are in git.
 // Build: nvcc -O3 -std=c++20 -gencode=arch=compute_90a,code=sm_90a -Icsrc reports/h200/tree_build_vocab_bench.cu -o tvb
 // Usage: tvb OUT.jsonl [SHAPES [FIRST]]: times SHAPES shapes from shape FIRST (all from 0 by default); SHAPES < 0:
 // -SHAPES shapes, one checked launch per variant and no timing (for ncu). Inputs come from one generator seeded
@@ -21,7 +22,7 @@
 #include <vector>
 
 #include "bench_env.h"
-#include "tree_build.cu"  // kdb::launch_topk<T, VW, kAdmit, kMarkMin, kSample>, launch_topk_shipped, the plan
+#include "tree_build.cu"  // kdb::launch_topk<T, VW, kAdmit, kMarkMin, kFix, kOpt>, launch_topk_shipped, the plan
 
 #define CK(x) do { cudaError_t e_ = (x); if (e_ != cudaSuccess) { \
   std::fprintf(stderr, "%s:%d %s\n", __FILE__, __LINE__, cudaGetErrorString(e_)); std::exit(1); } } while (0)
@@ -32,28 +33,34 @@ using Launch = cudaError_t (*)(const kdb::TopkArgs&, cudaStream_t);
 
 struct Variant { const char* name; Launch fn; };
 namespace v = kdb::vocab;
-template <int kAdmit, int kOpt>
-constexpr Launch fixed = kdb::launch_topk<__nv_bfloat16, 8, kAdmit, 512, true, -1, 1, kOpt>;
+template <int kAdmit, bool kFix, int kOpt = 0>
+constexpr Launch topk = kdb::launch_topk<__nv_bfloat16, 8, kAdmit, 512, kFix, kOpt>;
+// The launcher until s23: s22's fixed stream (scattered sample, bitonic end) and the bitonic end elsewhere. (At
+// k >= 512 on blocks of < 8 vector chunks s22 took a sampled instantiation that could not sample there: 1.5-2 us
+// slower at B 1 K 1024 than this unsampled one, s23 calls A-B.)
+cudaError_t s22_shipped(const kdb::TopkArgs& a, cudaStream_t stream) {
+  if (a.k <= kdb::kSmallKMax) return topk<v::kBitsRank, false>(a, stream);
+  if (std::min(a.chunks_per_split, a.vocab / v::kChunk) >= v::kSampleMinChunks)
+    return topk<v::kLane, true, v::kScatterSample | v::kBitonicSort>(a, stream);
+  return topk<v::kLane, false, v::kBitonicSort>(a, stream);
+}
 const Variant kVariants[] = {  // [0] is the shipped one: every other variant is compared with it
-    {"shipped", kdb::launch_topk_shipped<__nv_bfloat16, 8>},  // bits_rank/512 to k 64, fixedzb/lane above (s22)
-    {"lane/512", kdb::launch_topk<__nv_bfloat16, 8, v::kLane, 512, false>},
-    {"probe", kdb::launch_topk<__nv_bfloat16, 8, v::kProbe, 0, false>},  // admits nothing: not checked
-    // s22: one stream with the sampled estimate (by bisection, "b") as a fixed threshold (kFix), the sample count by
-    // the z rule ("z"); the rare second stream kLane ("/lane") or kBitsRank admission (and the block's end by rank
-    // where it holds <= 256 keys). Blocks of fewer than 8 vector chunks take that exact stream at once.
-    {"fixedzb/lane", fixed<v::kLane, 0>},
-    // s23: the sample in segments of 512 / 128 / 64 bytes ("seg", "seg128", "seg64"), the block's end sorted by
-    // CUB's radix sort ("radix"), and a probe (not checked): the end without its sort. Deferred admission (call A),
-    // the end by the value cut (call B) and the probes of the fixed stream without its end or admission (calls A, B)
-    // ran in s23 only.
-    {"seg/lane", fixed<v::kLane, v::kSegSample>},
-    {"seg128/lane", fixed<v::kLane, v::kSeg128>},
-    {"seg64/lane", fixed<v::kLane, v::kSeg64>},
-    {"radix/lane", fixed<v::kLane, v::kRadixSort>},
-    {"seg64radix/lane", fixed<v::kLane, v::kSeg64 | v::kRadixSort>},
-    {"seg128radix/lane", fixed<v::kLane, v::kSeg128 | v::kRadixSort>},
-    {"lane/512/radix", kdb::launch_topk<__nv_bfloat16, 8, v::kLane, 512, false, 0, 0, v::kRadixSort>},
-    {"probe_fix_no_sort", fixed<v::kLane, v::kNoSort>},
+    {"shipped", kdb::launch_topk_shipped<__nv_bfloat16, 8>},  // bits_rank/512 to k 64, fixed/lane above (s23)
+    {"s22_shipped", s22_shipped},
+    {"lane/512", topk<v::kLane, false>},  // with the radix-sorted end since s23
+    {"probe", topk<v::kProbe, false>},    // admits nothing: not checked
+    {"probe_no_final", topk<v::kLaneNoFinal, false>},  // lane/512 without its final prune, sort and writes (s19):
+    // lane/512 minus it is that tail; not checked
+    // s22: one stream with the sampled estimate as a fixed threshold (kFix; blocks of fewer than 8 vector chunks
+    // take the exact stream at once); s23: its sample in 128-byte segments and the end's radix sort, each against
+    // s22's (scattered sample, bitonic end), and probes (not checked): the fixed stream without the block's end, its
+    // log-sum-exp alone (the sample and the stream: no admission, no barrier), the end without its sort. s23's
+    // deferred admission (call A), 512 / 64-byte segments and the end by a value cut (calls B, C) are in git.
+    {"fixed/scatter", topk<v::kLane, true, v::kScatterSample>},
+    {"fixed/bitonic", topk<v::kLane, true, v::kBitonicSort>},
+    {"probe_fix_no_end", topk<v::kLane, true, v::kFixNoEnd>},
+    {"probe_fix_lse", topk<v::kLane, true, v::kFixNoAdmit | v::kFixNoEnd>},
+    {"probe_fix_no_sort", topk<v::kLane, true, v::kNoSort>},
 };
 constexpr int kNV = sizeof(kVariants) / sizeof(kVariants[0]);
 constexpr int L = 15, V = 163840, kRounds = 15;

@@ -1,8 +1,10 @@
-// The block's final sort of the tree_build vocabulary pass by CUB's block radix sort (kRadixSort, included by
-// tree_build_vocab.h) on 32-bit keys made of the bits in which the kept keys differ. The bitonic sort moves every
-// 64-bit key through shared memory at each of its log2(p)(log2(p) + 1) / 2 stages (55 at p 1024) and the four
-// blocks of an SM sort at once at the end of a one-wave launch (s23 call B: 8 us a wave at k 256, 18 us at k 1024);
-// the radix sort moves 32-bit keys once a 4-bit digit. plans/0004 "tree_build", Session 23.
+// The block's end of the tree_build vocabulary pass (included by tree_build_vocab.h): the held keys cut to the top k
+// (the radix prune of tree_build_select.h, or by rank where few are held) and sorted descending, by CUB's block radix
+// sort on 32-bit keys made of the bits in which they differ where more than kRadixMinKeys are kept and those bits fit,
+// else by the bitonic sort. The bitonic sort moves every 64-bit key through shared memory at each of its
+// log2(p)(log2(p) + 1) / 2 stages (55 at p 1024), and the four blocks of an SM sort at once at the end of a one-wave
+// launch (s23 call B: 8 us a wave at k 256, 18 us at k 1024); the radix sort moves 32-bit keys once a 4-bit digit
+// (s23 call C: -10 us at B 32 K 1024; a tie at k 128, slower below). plans/0004 "tree_build", Session 23.
 #pragma once
 #include <cub/block/block_radix_sort.cuh>
 
@@ -11,6 +13,7 @@
 
 namespace kdb {
 namespace vocab {
+
 
 // The bits in which n keys differ, as a 32-bit sort key: the high word's varying span [h0, h0 + hb), then the low
 // word's [l0, l0 + lb); every bit outside the spans is the same in all keys, so the order of the packed keys is the
@@ -75,12 +78,52 @@ __device__ bool radix_sort_desc(uint64_t* keys, int kk, int pad, TopkSmem& sm) {
   return true;
 }
 
-// The end's sort of keys[0, kk) (kk <= k, zero-padded to max(p, k), p the power of two >= kk): the radix sort where
-// the keys fit it, else the bitonic sort.
+constexpr int kRadixMinKeys = 128;  // at most this many kept keys: the bitonic sort (call C: a tie at 128)
+
+// The end's sort of keys[0, kk) (kk <= k, zero-padded to max(p, k), p the power of two >= kk). kRadix false: the
+// bitonic sort at every size (s22, the bench's A/B rows).
+template <bool kRadix = true>
 __device__ void sort_kept(uint64_t* keys, int kk, int k, TopkSmem& sm) {
   int p = 1;
   while (p < kk) p <<= 1;
-  if (kk > 1 && !radix_sort_desc(keys, kk, max(p, k), sm)) bitonic_sort_desc(keys, p);
+  if (kRadix && kk > kRadixMinKeys && radix_sort_desc(keys, kk, max(p, k), sm)) return;  // block-uniform
+  bitonic_sort_desc(keys, p);
+}
+
+// The held candidates cut to exactly min(k, held) and sorted descending; keys[kk, max(p, k)) are 0. kSort false: a
+// probe (the bench's no-sort rows) that leaves them unsorted.
+template <bool kRadix = true, bool kSort = true>
+__device__ int finish_sorted(uint64_t* keys, int k, TopkSmem& sm) {
+  __syncthreads();
+  if (sm.count > k) prune(keys, k, 0, sm);
+  const int kk = sm.count;
+  int p = 1;
+  while (p < kk) p <<= 1;
+  for (int i = kk + threadIdx.x; i < max(p, k); i += kThreads) keys[i] = 0;
+  __syncthreads();
+  if constexpr (kSort) sort_kept<kRadix>(keys, kk, k, sm);
+  return kk;
+}
+
+// finish_sorted's result by ranks where n = sm.count <= kThreads (else finish_sorted): thread t ranks key t against
+// all n (rank = how many keys are larger; keys are distinct, so ranks are too) and writes it to keys[rank] if rank < k.
+// n compares a thread, one pass and two barriers instead of radix passes and a sort (a limit of 2 kThreads keys, two a
+// thread, was slower at k 256: plans/0004 Session 20).
+__device__ int finish_by_rank(uint64_t* keys, int k, TopkSmem& sm) {
+  __syncthreads();
+  const int n = sm.count, t = threadIdx.x;
+  if (n > kThreads) return finish_sorted(keys, k, sm);  // block-uniform
+  const uint64_t a = t < n ? keys[t] : 0;
+  int ra = 0;
+#pragma unroll 4
+  for (int i = 0; i < n; ++i) ra += keys[i] > a ? 1 : 0;  // the same address in every lane: a broadcast
+  __syncthreads();  // every key is read before any moves
+  if (t < n && ra < k) keys[ra] = a;
+  const int kk = min(k, n);
+  for (int i = kk + t; i < k; i += kThreads) keys[i] = 0;
+  if (t == 0) sm.count = kk;
+  __syncthreads();
+  return kk;
 }
 
 }  // namespace vocab
