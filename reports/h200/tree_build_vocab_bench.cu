@@ -63,13 +63,16 @@ const Variant kVariants[] = {  // [0] is the shipped one: every other variant is
     {"probe_fix_no_sort", topk<v::kLane, true, v::kNoSort>},
 };
 constexpr int kNV = sizeof(kVariants) / sizeof(kVariants[0]);
-constexpr int L = 15, V = 163840, kRounds = 15;
+constexpr int L = 15, kRounds = 15;
 
-struct Shape { int batch, k; bool rising; };
+struct Shape { int batch, k; bool rising; int vocab = 163840; };
 const Shape kShapes[] = {{32, 256, false}, {32, 16, false}, {1, 64, false}, {8, 64, false}, {64, 16, false},
                          {32, 1024, false}, {1, 16, false}, {32, 256, true}, {32, 1024, true}, {64, 1024, false},
                          {32, 512, false}, {32, 128, false}, {8, 128, false}, {64, 128, false}, {64, 256, false},
-                         {8, 256, false}, {8, 1024, false}, {1, 256, false}, {1, 1024, false}, {8, 16, false}};
+                         {8, 256, false}, {8, 1024, false}, {1, 256, false}, {1, 1024, false}, {8, 16, false},
+                         // s23: V 32000 (blocks of 7 vector chunks and a scalar tail: the kLane path, not kFix)
+                         {32, 256, false, 32000}, {64, 256, false, 32000}, {32, 1024, false, 32000},
+                         {8, 256, false, 32000}};
 
 uint16_t to_bf16(float f) {  // round to nearest even (finite inputs)
   uint32_t u;
@@ -84,7 +87,7 @@ float from_bf16(uint16_t h) {
 }
 
 // Top-k ids of one row in the reference order: value descending, then smaller id.
-std::vector<int64_t> host_topk(const uint16_t* row, int k) {
+std::vector<int64_t> host_topk(const uint16_t* row, int V, int k) {
   std::vector<int> id(V);
   std::iota(id.begin(), id.end(), 0);
   std::partial_sort(id.begin(), id.begin() + k, id.end(), [&](int a, int b) {
@@ -149,6 +152,7 @@ double copy_bytes_per_s(cudaEvent_t e0, cudaEvent_t e1) {
 // bf16 logits [rows, V]: N(0, 3), or rising (ascending in the id, small noise).
 std::vector<uint16_t> make_logits(const Shape& sh, int64_t rows, std::mt19937& gen) {
   std::normal_distribution<float> nd(0.f, 3.f);
+  const int V = sh.vocab;
   std::vector<uint16_t> host(size_t(rows) * V);
   for (int64_t r = 0; r < rows; ++r)
     for (int v = 0; v < V; ++v) host[size_t(r) * V + v] = to_bf16(sh.rising ? -8.f + 16.f * v / V + 0.01f * nd(gen) / 3.f : nd(gen));
@@ -182,11 +186,12 @@ std::vector<std::vector<float>> time_all(const std::vector<kdb::TopkArgs>& args,
 void report(FILE* out, const Shape& sh, const kdb::TopkArgs& a, int i, const std::vector<float>& t, int bad) {
   const char* kind = sh.rising ? "rising" : "normal";
   std::fprintf(out, "{\"batch\": %d, \"k\": %d, \"logits\": \"%s\", \"splits\": %d, \"variant\": \"%s\", "
-               "\"median_us\": %.2f, \"p10_us\": %.2f, \"p90_us\": %.2f, \"bytes\": %lld, \"exact\": %s}\n",
+               "\"median_us\": %.2f, \"p10_us\": %.2f, \"p90_us\": %.2f, \"bytes\": %lld, \"exact\": %s, \"vocab\": %d}\n",
                sh.batch, sh.k, kind, a.splits, kVariants[i].name, median(t), median(t, 0.1), median(t, 0.9),
-               (long long)(a.rows * V * 2), bad ? "false" : "true");
-  std::printf("B%-3d K%-5d %-7s splits %-3d %-12s %8.2f us (p10 %.2f p90 %.2f)%s\n", sh.batch, sh.k, kind, a.splits,
-              kVariants[i].name, median(t), median(t, 0.1), median(t, 0.9), bad ? "  MISMATCH" : "");
+               (long long)(a.rows * sh.vocab * 2), bad ? "false" : "true", sh.vocab);
+  std::printf("B%-3d K%-5d %-7s splits %-3d %-12s %8.2f us (p10 %.2f p90 %.2f)%s%s\n", sh.batch, sh.k, kind, a.splits,
+              kVariants[i].name, median(t), median(t, 0.1), median(t, 0.9), bad ? "  MISMATCH" : "",
+              sh.vocab == 163840 ? "" : (" V" + std::to_string(sh.vocab)).c_str());
 }
 
 // One shape: logits, host reference (request 0), check, time, check again, report; returns mismatches.
@@ -194,11 +199,11 @@ int run_shape(const Shape& sh, bool once, FILE* out, void* flush, cudaEvent_t e0
   const int64_t rows = int64_t(sh.batch) * L;
   const std::vector<uint16_t> host = make_logits(sh, rows, gen);
   std::vector<std::vector<int64_t>> ref(L);
-  for (int r = 0; r < L; ++r) ref[r] = host_topk(host.data() + size_t(r) * V, sh.k);
+  for (int r = 0; r < L; ++r) ref[r] = host_topk(host.data() + size_t(r) * sh.vocab, sh.vocab, sh.k);
   void* logits;
   CK(cudaMalloc(&logits, host.size() * 2));
   CK(cudaMemcpy(logits, host.data(), host.size() * 2, cudaMemcpyHostToDevice));
-  kdb::TopkArgs a{logits, kdb::LogitDtype::kBF16, rows, V, sh.k, nullptr, nullptr, nullptr};
+  kdb::TopkArgs a{logits, kdb::LogitDtype::kBF16, rows, sh.vocab, sh.k, nullptr, nullptr, nullptr};
   CK(kdb::tree_build_topk_plan(a, 0, 0));
   std::vector<Buffers> buf(kNV);
   std::vector<kdb::TopkArgs> args(kNV, a);
