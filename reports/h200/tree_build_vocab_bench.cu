@@ -186,7 +186,8 @@ std::vector<std::vector<float>> time_all(const std::vector<kdb::TopkArgs>& args,
 void report(FILE* out, const Shape& sh, const kdb::TopkArgs& a, int i, const std::vector<float>& t, int bad) {
   const char* kind = sh.rising ? "rising" : "normal";
   std::fprintf(out, "{\"batch\": %d, \"k\": %d, \"logits\": \"%s\", \"splits\": %d, \"variant\": \"%s\", "
-               "\"median_us\": %.2f, \"p10_us\": %.2f, \"p90_us\": %.2f, \"bytes\": %lld, \"exact\": %s, \"vocab\": %d}\n",
+               "\"median_us\": %.2f, \"p10_us\": %.2f, \"p90_us\": %.2f, \"bytes\": %lld, \"exact\": %s, "
+               "\"vocab\": %d}\n",
                sh.batch, sh.k, kind, a.splits, kVariants[i].name, median(t), median(t, 0.1), median(t, 0.9),
                (long long)(a.rows * sh.vocab * 2), bad ? "false" : "true", sh.vocab);
   std::printf("B%-3d K%-5d %-7s splits %-3d %-12s %8.2f us (p10 %.2f p90 %.2f)%s%s\n", sh.batch, sh.k, kind, a.splits,
