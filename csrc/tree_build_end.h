@@ -14,7 +14,6 @@
 namespace kdb {
 namespace vocab {
 
-
 // The bits in which n keys differ, as a 32-bit sort key: the high word's varying span [h0, h0 + hb), then the low
 // word's [l0, l0 + lb); every bit outside the spans is the same in all keys, so the order of the packed keys is the
 // order of the keys, and common restores the rest. fits: hb + lb <= 32.
@@ -39,9 +38,10 @@ struct Packed {
   }
 };
 
-// keys[0, kk) sorted descending, thread t holding items [t kItems, (t + 1) kItems) (CUB's blocked arrangement;
-// items at or beyond kk are packed as 0 and, the sort being stable, stay behind every real key), then
-// keys[kk, pad) = 0. The sort's scratch aliases keys: every key is read into registers first.
+// keys[0, kk) sorted descending, thread t holding items [t kItems, (t + 1) kItems) (CUB's blocked arrangement), then
+// keys[kk, pad) = 0. Items at or beyond kk are packed as 0: they sort last, and where a real key packs to 0 as well
+// it unpacks to the same key whichever of them lands at slot kk - 1. The sort's scratch aliases keys: every key is
+// read into registers first.
 template <int kItems>
 __device__ void radix_sort_items(uint64_t* keys, int kk, int pad, const Packed& pk) {
   using Sort = cub::BlockRadixSort<uint32_t, kThreads, kItems>;

@@ -63,8 +63,9 @@ __device__ float bisect_estimate(const float (&x)[kPer], int m, TopkSmem& sm) {
 // The sample: kThreads * kPer logits in segments of kSampleSegVecs vectors (128 B) spread evenly over the block's
 // vector chunks [c0, cv), sample vector v at segment v / kSampleSegVecs, offset v % kSampleSegVecs (thread t loads
 // v = t + q * kThreads). Whole DRAM bursts: one 16-byte vector each (s22, kScatterSample: vector v at v * stride) cost
-// ~6 us more a wave (s23 call C); 512-byte segments were as fast but, coarser, put the rising rows' estimate below
-// kCap more logits (a second stream, 11x slower, s23 call B). Returns -inf for an estimate of -inf or NaN. All threads.
+// ~6-10 us more a wave (s23 calls C, D); 512-byte segments were as fast, but on rows rising with the id they put more
+// than kCap logits above the estimate (a second stream, 11x slower, s23 call B). Returns -inf for an estimate of -inf
+// or NaN. All threads.
 constexpr int kSampleSegVecs = 8;
 template <typename T, int VW, bool kScatter = false>
 __device__ __forceinline__ float sample_estimate(const T* row, int c0, int cv, int k, TopkSmem& sm) {
