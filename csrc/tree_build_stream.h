@@ -103,12 +103,27 @@ __device__ __forceinline__ void lse_merge(float& m, float& s, float m2, float s2
 enum Admit : int { kMask = 0, kLane = 1, kProbe = 2, kLaneNoFinal = 3, kLaneBits = 4, kBitsRank = 5 };
 
 // x[j] for a runtime j by a chain of selects (an indexed register array would go to local memory; a select tree
-// needs kPer / 2 temporaries and spilled at the 64-register cap).
+// needs kPer / 2 temporaries and spilled at the 64-register cap in s20). kTree: the tree on j's four bits (15 selects
+// on 4 predicates instead of 15 compares and 15 selects: s23 call H put ~9M of the fixed stream's 21.7M admission
+// instructions at B 32 K 1024 in the chain; with nvcc 13.0 the tree adds no spill to the fixed kernel). Not yet timed:
+// the bench's fixed/pick_tree row.
+template <bool kTree = false>
 __device__ __forceinline__ float pick(const float (&x)[kPer], int j) {
-  float v = x[0];
+  if constexpr (kTree) {
+    float a[kPer / 2];
 #pragma unroll
-  for (int i = 1; i < kPer; ++i) v = j == i ? x[i] : v;
-  return v;
+    for (int i = 0; i < kPer / 2; ++i) a[i] = (j & 1) ? x[2 * i + 1] : x[2 * i];
+#pragma unroll
+    for (int i = 0; i < kPer / 4; ++i) a[i] = (j & 2) ? a[2 * i + 1] : a[2 * i];
+#pragma unroll
+    for (int i = 0; i < kPer / 8; ++i) a[i] = (j & 4) ? a[2 * i + 1] : a[2 * i];
+    return (j & 8) ? a[1] : a[0];
+  } else {
+    float v = x[0];
+#pragma unroll
+    for (int i = 1; i < kPer; ++i) v = j == i ? x[i] : v;
+    return v;
+  }
 }
 
 // Bit j set: x[j] is valid and >= thr.
@@ -120,11 +135,11 @@ __device__ __forceinline__ unsigned pass_mask(const float (&x)[kPer], unsigned v
 }
 
 // The keys of x[j] for the set bits j of pass into keys[slot, slot + popc(pass)), j ascending.
-template <int VW>
+template <int VW, bool kTree = false>
 __device__ __forceinline__ void store_set_bits(uint64_t* keys, int slot, unsigned pass, const float (&x)[kPer], int c) {
   for (; pass != 0; pass &= pass - 1) {
     const int j = __ffs(pass) - 1;
-    keys[slot++] = make_key(pick(x, j), uint32_t(chunk_index<VW>(c, j)));
+    keys[slot++] = make_key(pick<kTree>(x, j), uint32_t(chunk_index<VW>(c, j)));
   }
 }
 

@@ -100,6 +100,7 @@ __device__ __noinline__ LseState stream_exact(uint64_t* keys, TopkSmem& sm, int 
 // in the stream (warps run apart), and a lane stores its few keys >= thr by its set bits (the z rule holds about
 // k + 4 spreads of keys: ~one a holding lane). A lane whose keys would pass kCap stores none; the count still grows,
 // so after the stream count > kCap (too low an estimate) or count < k (too high) means the block streams again.
+template <bool kTree = false>
 struct FixedStream {
   uint64_t* keys;
   TopkSmem& sm;
@@ -111,7 +112,7 @@ struct FixedStream {
     unsigned pass = pass_mask(x, valid, thr);
     const int n = __popc(pass);
     const int slot = atomicAdd(&sm.count, n);
-    if (slot + n <= kCap) store_set_bits<VW>(keys, slot, pass, x, c);
+    if (slot + n <= kCap) store_set_bits<VW, kTree>(keys, slot, pass, x, c);
   }
 };
 
@@ -123,9 +124,10 @@ struct LseOnlyStream {
 };
 
 // kOpt bits, the bench's A/B switches (0 is the shipped kernel): kScatterSample, s22's sample of scattered vectors;
-// kBitonicSort, s22's end (the bitonic sort at every size); probes (wrong outputs): kFixNoEnd returns after the fixed
-// stream, before the block's end, kFixNoAdmit streams the log-sum-exp alone, kNoSort leaves the end's keys unsorted.
-enum Opt : int { kFixNoEnd = 1, kFixNoAdmit = 2, kNoSort = 4, kScatterSample = 8, kBitonicSort = 16 };
+// kBitonicSort, s22's end (the bitonic sort at every size); kPickTree, the fixed stream's stores by pick's select tree
+// (not yet timed); probes (wrong outputs): kFixNoEnd returns after the fixed stream, before the block's end,
+// kFixNoAdmit streams the log-sum-exp alone, kNoSort leaves the end's keys unsorted.
+enum Opt : int { kFixNoEnd = 1, kFixNoAdmit = 2, kNoSort = 4, kScatterSample = 8, kBitonicSort = 16, kPickTree = 32 };
 
 // The block's stream with the fixed threshold est (-inf: none), then the exact stream where it did not hold at least
 // k and at most kCap keys >= est. Returns the log-sum-exp state of the stream whose keys are held.
@@ -139,7 +141,7 @@ __device__ __forceinline__ LseState fixed_stream(uint64_t* keys, TopkSmem& sm, i
       stream_chunks<T, VW>(s, row, V, c0, cv, c1);
       return s.st;
     } else {
-      FixedStream s{keys, sm, est};
+      FixedStream<(kOpt & kPickTree) != 0> s{keys, sm, est};
       stream_chunks<T, VW>(s, row, V, c0, cv, c1);
       st = s.st;
     }

@@ -58,6 +58,7 @@ const Variant kVariants[] = {  // [0] is the shipped one: every other variant is
     // deferred admission (call A), 512 / 64-byte segments and the end by a value cut (calls B, C) are in git.
     {"fixed/scatter", topk<v::kLane, true, v::kScatterSample>},
     {"fixed/bitonic", topk<v::kLane, true, v::kBitonicSort>},
+    {"fixed/pick_tree", topk<v::kLane, true, v::kPickTree>},  // s23, not yet timed: pick by a select tree
     {"probe_fix_no_end", topk<v::kLane, true, v::kFixNoEnd>},
     {"probe_fix_lse", topk<v::kLane, true, v::kFixNoAdmit | v::kFixNoEnd>},
     {"probe_fix_no_sort", topk<v::kLane, true, v::kNoSort>},
