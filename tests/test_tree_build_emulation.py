@@ -154,8 +154,8 @@ def test_finish_by_rank_is_the_sorted_top_k():
 
 def test_sample_segments_hold_rising_rows(monkeypatch):
     """The sample's 128-byte segments (sample_ids) are fine enough for rows ascending in the id: the estimate holds
-    k..CAP keys and the block streams once (s23 call C); 512-byte segments put the estimate below CAP + more logits
-    and stream again (call B: 11x slower on the H200), which this test sees."""
+    k..CAP keys and the block streams once (s23 call C); 512-byte segments put more than CAP logits above the
+    estimate and stream again (call B: 11x slower on the H200), which this test sees."""
     case = next(c for c, _ in SPLIT_CASES if c.logits == "rising" and c.budget == 256 and c.seed == 52)
     x = logit_values(case, np.random.default_rng(case.seed))
     ids = em.sample_ids(0, 40, 8)
