@@ -170,6 +170,12 @@ __device__ __forceinline__ void finish_block(uint64_t* keys, LseState st, const 
   if (threadIdx.x == 0) reinterpret_cast<float2*>(a.part_ms)[blockIdx.x] = ms;
 }
 
+// The bench's probes (kFixNoEnd, kLaneNoFinal) stop before the block's end; this store keeps the log-sum-exp (and so
+// the stream) live and never happens (s >= 0).
+__device__ __forceinline__ void probe_sink(const LseState& st, const TopkArgs& a, int64_t r) {
+  if (st.s < 0.f && a.lse != nullptr) a.lse[r] = st.m;
+}
+
 // Block (row r, split s) streams chunks [s * cps, (s + 1) * cps) of row r. Unsplit (splits == 1): writes the
 // row's outputs. Split: writes its top-min(k, held) keys, sorted and 0-padded to k, and its (m, s) partials.
 // kFix: the fixed-threshold stream from the sampled estimate (on blocks of >= kSampleMinChunks vector chunks; others
@@ -195,18 +201,12 @@ __global__ void __launch_bounds__(kThreads, 4) topk_kernel(TopkArgs a) {
     if (VW > 1 && cv - c0 >= kSampleMinChunks)
       est = sample_estimate<T, VW, (kOpt & kScatterSample) != 0>(row, c0, cv, k, sm);
     const LseState st = fixed_stream<T, VW, kAdmit, kMarkMin, kOpt>(keys, sm, k, est, row, V, c0, cv, c1);
-    if constexpr ((kOpt & kFixNoEnd) != 0) {  // keep the log-sum-exp live (never true: s >= 0), then stop
-      if (st.s < 0.f && a.lse != nullptr) a.lse[r] = st.m;
-      return;
-    }
+    if constexpr ((kOpt & kFixNoEnd) != 0) return probe_sink(st, a, r);
     return finish_block<kAdmit, kOpt>(keys, st, a, r, sm);
   }
   Stream<kAdmit, kMarkMin> s{keys, sm, k};
   stream_chunks<T, VW>(s, row, V, c0, cv, c1);
-  if constexpr (kAdmit == kLaneNoFinal) {  // keep the log-sum-exp live (never true: s >= 0), then stop
-    if (s.st.s < 0.f && a.lse != nullptr) a.lse[r] = s.st.m;
-    return;
-  }
+  if constexpr (kAdmit == kLaneNoFinal) return probe_sink(s.st, a, r);
   finish_block<kAdmit, kOpt>(keys, s.st, a, r, sm);
 }
 
