@@ -27,6 +27,12 @@ __global__ void read_flush_kernel(const uint4* p, size_t n, unsigned* sink) {  /
   if (x == 0x9e3779b9u) *sink = x;  // keeps the loads
 }
 
+// The q-quantile of samples v (nearest rank; q 0.5: the median).
+inline double quantile(std::vector<float> v, double q) {
+  std::sort(v.begin(), v.end());
+  return v[size_t(q * (v.size() - 1) + 0.5)];
+}
+
 // false: usage printed (argc < 2).
 inline bool bench_cli_open(int argc, char** argv, BenchCli& c) {
   if (argc < 2) return std::fprintf(stderr, "usage: %s OUT.jsonl [SHAPES [FIRST]]\n", argv[0]), false;
@@ -34,7 +40,7 @@ inline bool bench_cli_open(int argc, char** argv, BenchCli& c) {
   c.limit = nshapes == 0 ? 1 << 30 : std::abs(nshapes), c.once = nshapes < 0;
   c.first = argc > 3 ? std::max(0, std::atoi(argv[3])) : 0;
   c.out = std::fopen(argv[1], "w");
-  CK(cudaMalloc(&c.flush, 256 << 20));
+  CK(cudaMalloc(&c.flush, kFlushBytes));
   CK(cudaEventCreate(&c.e0));
   CK(cudaEventCreate(&c.e1));
   const char* rf = std::getenv("KDB_BENCH_READ_FLUSH");

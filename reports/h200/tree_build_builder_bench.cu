@@ -160,11 +160,6 @@ int check(const kdb::TreeBuildArgs& a, const std::vector<Out>& out, const Ref& r
   return same ? 0 : (std::printf("  %s: outputs differ from shipped\n", kVariants[i].name), 1);
 }
 
-double quantile(std::vector<float> v, double q) {
-  std::sort(v.begin(), v.end());
-  return v[size_t(q * (v.size() - 1) + 0.5)];
-}
-
 // Per variant, kRounds samples (us): time_abba (bench_cli.h).
 std::vector<std::vector<float>> time_all(const std::vector<kdb::TreeBuildArgs>& args, void* flush, cudaEvent_t e0,
                                          cudaEvent_t e1) {

@@ -104,11 +104,6 @@ struct Buffers {  // one set per variant, so each variant's last timed outputs c
   uint64_t* part = nullptr;
 };
 
-double median(std::vector<float> v, double q = 0.5) {
-  std::sort(v.begin(), v.end());
-  return v[size_t(q * (v.size() - 1) + 0.5)];
-}
-
 // 0: ok; else prints what differs. Variant i's outputs against variant 0's (all rows) and the host (request 0).
 int check(const kdb::TopkArgs& a, const std::vector<Buffers>& buf, const std::vector<std::vector<int64_t>>& ref, int i) {
   if (std::strncmp(kVariants[i].name, "probe", 5) == 0) return 0;  // a bound, not a kernel: its outputs are wrong
@@ -189,10 +184,10 @@ void report(FILE* out, const Shape& sh, const kdb::TopkArgs& a, int i, const std
   std::fprintf(out, "{\"batch\": %d, \"k\": %d, \"logits\": \"%s\", \"splits\": %d, \"variant\": \"%s\", "
                "\"median_us\": %.2f, \"p10_us\": %.2f, \"p90_us\": %.2f, \"bytes\": %lld, \"exact\": %s, "
                "\"vocab\": %d}\n",
-               sh.batch, sh.k, kind, a.splits, kVariants[i].name, median(t), median(t, 0.1), median(t, 0.9),
+               sh.batch, sh.k, kind, a.splits, kVariants[i].name, quantile(t, 0.5), quantile(t, 0.1), quantile(t, 0.9),
                (long long)(a.rows * sh.vocab * 2), bad ? "false" : "true", sh.vocab);
   std::printf("B%-3d K%-5d %-7s splits %-3d %-12s %8.2f us (p10 %.2f p90 %.2f)%s%s\n", sh.batch, sh.k, kind, a.splits,
-              kVariants[i].name, median(t), median(t, 0.1), median(t, 0.9), bad ? "  MISMATCH" : "",
+              kVariants[i].name, quantile(t, 0.5), quantile(t, 0.1), quantile(t, 0.9), bad ? "  MISMATCH" : "",
               sh.vocab == 163840 ? "" : (" V" + std::to_string(sh.vocab)).c_str());
 }
 
